@@ -242,15 +242,18 @@ SplitSpec parse_split(const std::string& spec) {
   static const char* names[3] = {"train", "val", "test"};
   int64_t bytes[3] = {0, 0, 0};
   double frac[3] = {0, 0, 0};
-  int n_frac = 0;
-  for (int i = 0; i < 3; ++i) n_frac += parse_part(spec, parts[i], names[i], &bytes[i], &frac[i]);
+  int n_frac = 0, n_bytes = 0;  // a plain 0 goes with either kind ("0.95,0.05,0")
+  for (int i = 0; i < 3; ++i) {
+    if (parse_part(spec, parts[i], names[i], &bytes[i], &frac[i])) ++n_frac;
+    else if (bytes[i] != 0) ++n_bytes;
+  }
   SplitSpec out;
-  if (n_frac != 0 && n_frac != 3)
+  if (n_frac > 0 && n_bytes > 0)
     throw std::invalid_argument(strf(
         "--split '%s' mixes fractions and byte counts; use either three byte counts (90M,5M,5M) "
         "or three fractions (0.9,0.05,0.05)",
         spec.c_str()));
-  if (n_frac == 3) {
+  if (n_frac > 0) {
     double sum = frac[0] + frac[1] + frac[2];
     if (sum > 1 + 1e-9)
       throw std::invalid_argument(

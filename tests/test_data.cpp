@@ -145,6 +145,11 @@ TEST(DataSplit, ParsesFractions) {
   EXPECT_DOUBLE_EQ(s.f_val, 0.05);
   EXPECT_DOUBLE_EQ(s.f_test, 0.05);
   EXPECT_EQ(fd::to_string(s), "0.9,0.05,0.05");
+  s = fd::parse_split("0.95,0.05,0");  // a plain 0 is a zero fraction here
+  EXPECT_TRUE(s.fractions);
+  EXPECT_DOUBLE_EQ(s.f_train, 0.95);
+  EXPECT_DOUBLE_EQ(s.f_test, 0.0);
+  EXPECT_EQ(fd::to_string(s), "0.95,0.05,0");
 }
 
 TEST(DataSplit, RejectsBadSpecsNamingThePart) {
