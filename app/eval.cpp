@@ -1,5 +1,97 @@
-#include "app/commands.h"
+// ./train eval --checkpoint checkpoints/<run>/latest.pt [--max-windows N]
+// Bits per character on the test split over non-overlapping windows of the model's sequence length.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+
+#include "app/cli.h"
+#include "app/commands.h"
+#include "common/log.h"
+#include "data/corpus.h"
+#include "model/checkpoint.h"
+#include "model/device.h"
+
 namespace flashcos::app {
-int run_eval(int, char**) { std::fprintf(stderr, "'eval' is not implemented yet\n"); return 1; }
+
+int run_eval(int argc, char** argv) {
+  cxxopts::Options options("./train eval", "Bits per character of a checkpoint on the test split.");
+  options.add_options()
+      ("checkpoint", "checkpoint file or run folder", cxxopts::value<std::string>())
+      ("data", "corpus (default: the one the run trained on)", cxxopts::value<std::string>())
+      ("split", "train,val,test split (default: the run's)", cxxopts::value<std::string>())
+      ("which", "test | val", cxxopts::value<std::string>()->default_value("test"))
+      ("seq-len", "window length (default: the run's --seq-len)", cxxopts::value<int64_t>())
+      ("batch", "windows per forward pass", cxxopts::value<int64_t>()->default_value("4"))
+      ("max-windows", "evaluate at most N evenly spaced windows (0: all)", cxxopts::value<int64_t>()->default_value("0"))
+      ("precision", "auto | bf16 | fp32", cxxopts::value<std::string>()->default_value("auto"))
+      ("device", "auto | cuda | cpu", cxxopts::value<std::string>()->default_value("auto"))
+      ("h,help", "print this help");
+  cxxopts::ParseResult r;
+  int code = 0;
+  if (!parse_or_exit(options, argc, argv, r, code)) return code;
+  log::init("info");
+  return run_guarded([&] {
+    if (!r.count("checkpoint")) throw std::invalid_argument("--checkpoint is required (a .pt file or a run folder)");
+    const auto device = model::resolve_device(r["device"].as<std::string>());
+    const auto path = model::resolve_checkpoint_path(r["checkpoint"].as<std::string>());
+    model::CheckpointMeta meta;
+    auto gpt = model::load_model(path, device, &meta);
+    const auto train_cfg = nlohmann::json::parse(meta.state.train_config_json);
+    std::string data_path = r.count("data") ? r["data"].as<std::string>() : train_cfg.value("data", "data/enwik8");
+    const std::string split = r.count("split") ? r["split"].as<std::string>() : train_cfg.value("split", "90M,5M,5M");
+    const int64_t seq_len = r.count("seq-len") ? r["seq-len"].as<int64_t>() : train_cfg.value("seq_len", meta.model.max_seq_len);
+    if (seq_len < 1 || seq_len > meta.model.max_seq_len) {
+      throw std::invalid_argument("--seq-len must be in [1, " + std::to_string(meta.model.max_seq_len) + "] for this model");
+    }
+    const int64_t batch = r["batch"].as<int64_t>();
+    if (batch < 1) throw std::invalid_argument("--batch must be >= 1");
+    const std::string which = r["which"].as<std::string>();
+    if (which != "test" && which != "val") throw std::invalid_argument("--which must be test or val");
+    if (!std::ifstream(data_path) && std::ifstream(data_path + ".gz")) data_path += ".gz";
+    auto corpus = data::load_corpus(data_path, data::parse_split(split), seq_len + 1);
+    auto windows = data::fixed_windows(which == "test" ? corpus.test : corpus.val, seq_len, r["max-windows"].as<int64_t>());
+    std::string precision = r["precision"].as<std::string>();
+    if (precision == "auto") precision = device.is_cuda() ? "bf16" : "fp32";
+    if (precision != "bf16" && precision != "fp32") throw std::invalid_argument("--precision must be auto, bf16 or fp32");
+    const bool autocast = precision == "bf16";
+
+    torch::NoGradGuard no_grad;
+    double total_nats = 0;
+    int64_t tokens = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < windows.size(0); i += batch) {
+      auto w = windows.slice(0, i, std::min(windows.size(0), i + batch)).to(device);
+      if (autocast) {
+        at::autocast::set_autocast_enabled(device.type(), true);
+        at::autocast::set_autocast_dtype(device.type(), at::kBFloat16);
+      }
+      const double loss = gpt->loss(w).item<double>();
+      if (autocast) {
+        at::autocast::set_autocast_enabled(device.type(), false);
+        at::autocast::clear_cache();
+      }
+      const int64_t n = w.size(0) * seq_len;
+      total_nats += loss * n;
+      tokens += n;
+      std::fprintf(stderr, "\r%lld/%lld windows", static_cast<long long>(std::min(windows.size(0), i + batch)),
+                   static_cast<long long>(windows.size(0)));
+    }
+    std::fprintf(stderr, "\n");
+    const double nats = total_nats / tokens;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s split of %s: %lld tokens in %lld windows of %lld: loss %.4f nats, %.4f bits/char (%.1fs)\n",
+                which.c_str(), data_path.c_str(), static_cast<long long>(tokens),
+                static_cast<long long>(windows.size(0)), static_cast<long long>(seq_len), nats, nats / std::log(2.0),
+                secs);
+    return 0;
+  });
+}
+
 }  // namespace flashcos::app

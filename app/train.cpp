@@ -1,5 +1,133 @@
+// ./train [train] --data data/enwik8 --seq-len 8192 --use-cuda-kernel ...
+#include <stdexcept>
+
+#include "app/cli.h"
 #include "app/commands.h"
-#include <cstdio>
+#include "common/log.h"
+#include "model/checkpoint.h"
+#include "model/trainer.h"
+
 namespace flashcos::app {
-int run_train(int, char**) { std::fprintf(stderr, "'train' is not implemented yet\n"); return 1; }
+namespace {
+
+const char* kModelFlags[] = {"dim", "depth", "heads", "dim-head", "attention", "attention-impl", "use-cuda-kernel",
+                             "attn-scale", "l2norm-groups", "max-seq-len", "fastmax-p"};
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  model::TrainConfig d;
+  cxxopts::Options options("./train", "Train the byte-level GPT on enwik8 (or any byte corpus).");
+  options.add_options("data")
+      ("data", "corpus file, raw or .gz (get enwik8 with scripts/download_enwik8.sh)", cxxopts::value<std::string>()->default_value(d.data))
+      ("split", "train,val,test bytes (K/M/G suffixes) or fractions", cxxopts::value<std::string>()->default_value(d.split))
+      ("seq-len", "training sequence length", cxxopts::value<int64_t>()->default_value(std::to_string(d.seq_len)))
+      ("batch", "sequences per micro-batch", cxxopts::value<int64_t>()->default_value(std::to_string(d.batch)))
+      ("grad-accum", "micro-batches per optimiser step", cxxopts::value<int64_t>()->default_value(std::to_string(d.grad_accum)));
+  options.add_options("model")
+      ("dim", "model width", cxxopts::value<int64_t>()->default_value("512"))
+      ("depth", "transformer blocks", cxxopts::value<int64_t>()->default_value("8"))
+      ("heads", "attention heads", cxxopts::value<int64_t>()->default_value("8"))
+      ("dim-head", "head dimension", cxxopts::value<int64_t>()->default_value("64"))
+      ("max-seq-len", "learned positions (default: --seq-len)", cxxopts::value<int64_t>())
+      ("attn-scale", "cosine-sim attention scale", cxxopts::value<double>()->default_value("10"))
+      ("l2norm-groups", "groups of the q/k l2norm", cxxopts::value<int64_t>()->default_value("1"))
+      ("attention", "cosine | softmax | fastmax", cxxopts::value<std::string>()->default_value("cosine"))
+      ("attention-impl", "plain | sdpa | tiled", cxxopts::value<std::string>()->default_value("plain"))
+      ("use-cuda-kernel", "use the fused CUDA attention kernel")
+      ("fastmax-p", "fastmax polynomial order (1 or 2)", cxxopts::value<int64_t>()->default_value("2"));
+  options.add_options("optimisation")
+      ("steps", "total optimiser steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))
+      ("lr", "learning rate", cxxopts::value<double>()->default_value("2e-4"))
+      ("warmup", "linear warmup steps", cxxopts::value<int64_t>()->default_value("0"))
+      ("schedule", "constant | cosine", cxxopts::value<std::string>()->default_value(d.schedule))
+      ("min-lr-ratio", "cosine schedule floor, as a fraction of --lr", cxxopts::value<double>()->default_value("0.1"))
+      ("weight-decay", "AdamW weight decay (0: Adam)", cxxopts::value<double>()->default_value("0"))
+      ("clip-grad", "gradient norm clip (0: off)", cxxopts::value<double>()->default_value("0.5"))
+      ("precision", "auto | bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)", cxxopts::value<std::string>()->default_value("auto"))
+      ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("42"))
+      ("device", "auto | cuda | cpu", cxxopts::value<std::string>()->default_value("auto"));
+  options.add_options("monitoring")
+      ("validate-every", "steps between validations", cxxopts::value<int64_t>()->default_value("100"))
+      ("val-windows", "fixed validation windows per validation", cxxopts::value<int64_t>()->default_value("16"))
+      ("generate-every", "steps between samples (0: never)", cxxopts::value<int64_t>()->default_value("500"))
+      ("generate-length", "bytes per sample", cxxopts::value<int64_t>()->default_value("512"))
+      ("save-every", "steps between checkpoints", cxxopts::value<int64_t>()->default_value("500"))
+      ("log-every", "steps between progress lines / metrics records", cxxopts::value<int64_t>()->default_value("10"))
+      ("checkpoint-dir", "folder of runs", cxxopts::value<std::string>()->default_value(d.checkpoint_dir))
+      ("run", "run name (default run-<date>-<time>)", cxxopts::value<std::string>())
+      ("resume", "continue from a checkpoint file or run folder", cxxopts::value<std::string>())
+      ("log-level", "trace | debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
+      ("h,help", "print this help");
+
+  cxxopts::ParseResult r;
+  int code = 0;
+  if (!parse_or_exit(options, argc, argv, r, code)) return code;
+  log::init(r["log-level"].as<std::string>());
+
+  return run_guarded([&] {
+    model::TrainConfig c;
+    c.data = r["data"].as<std::string>();
+    c.split = r["split"].as<std::string>();
+    c.seq_len = r["seq-len"].as<int64_t>();
+    c.batch = r["batch"].as<int64_t>();
+    c.grad_accum = r["grad-accum"].as<int64_t>();
+    c.steps = r["steps"].as<int64_t>();
+    c.lr = r["lr"].as<double>();
+    c.warmup = r["warmup"].as<int64_t>();
+    c.schedule = r["schedule"].as<std::string>();
+    c.min_lr_ratio = r["min-lr-ratio"].as<double>();
+    c.weight_decay = r["weight-decay"].as<double>();
+    c.clip_grad = r["clip-grad"].as<double>();
+    c.precision = r["precision"].as<std::string>();
+    c.seed = r["seed"].as<uint64_t>();
+    c.device = r["device"].as<std::string>();
+    c.validate_every = r["validate-every"].as<int64_t>();
+    c.val_windows = r["val-windows"].as<int64_t>();
+    c.generate_every = r["generate-every"].as<int64_t>();
+    c.generate_length = r["generate-length"].as<int64_t>();
+    c.save_every = r["save-every"].as<int64_t>();
+    c.log_every = r["log-every"].as<int64_t>();
+    c.checkpoint_dir = r["checkpoint-dir"].as<std::string>();
+    if (r.count("run")) c.run = r["run"].as<std::string>();
+    if (r.count("resume")) c.resume = r["resume"].as<std::string>();
+
+    auto& m = c.model;
+    m.dim = r["dim"].as<int64_t>();
+    m.depth = r["depth"].as<int64_t>();
+    m.heads = r["heads"].as<int64_t>();
+    m.dim_head = r["dim-head"].as<int64_t>();
+    m.max_seq_len = r.count("max-seq-len") ? r["max-seq-len"].as<int64_t>() : c.seq_len;
+    m.attn_scale = r["attn-scale"].as<double>();
+    m.l2norm_groups = r["l2norm-groups"].as<int64_t>();
+    m.attention = r["attention"].as<std::string>();
+    m.attention_impl = r["attention-impl"].as<std::string>();
+    if (r.count("use-cuda-kernel")) {
+      if (r.count("attention-impl") && m.attention_impl != "fused") {
+        throw std::invalid_argument("--use-cuda-kernel and --attention-impl " + m.attention_impl +
+                                    " contradict each other: pick one");
+      }
+      m.attention_impl = "fused";
+    }
+    m.fastmax_p = r["fastmax-p"].as<int64_t>();
+    m.validate();
+
+    if (!c.resume.empty()) {
+      // The model comes from the checkpoint: explicit model flags must agree with it.
+      const auto saved = model::read_checkpoint_meta(model::resolve_checkpoint_path(c.resume)).model;
+      for (const char* flag : kModelFlags) {
+        if (!r.count(flag)) continue;
+        auto mine = m;
+        mine.max_seq_len = saved.max_seq_len;  // derived from --seq-len unless given
+        if (r.count("max-seq-len")) mine.max_seq_len = m.max_seq_len;
+        if (mine.to_json() != saved.to_json()) {
+          throw std::invalid_argument(std::string("--") + flag + " differs from the checkpoint's model (" +
+                                      saved.to_json() + "); drop the model flags when resuming");
+        }
+      }
+    }
+    return model::train(c);
+  });
+}
+
 }  // namespace flashcos::app

@@ -1,0 +1,139 @@
+#include "model/checkpoint.h"
+
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+namespace flashcos::model {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string meta_json(const ModelConfig& config, const TrainState& s) {
+  nlohmann::json j;
+  j["format"] = kCheckpointFormat;
+  j["model"] = nlohmann::json::parse(config.to_json());
+  j["step"] = s.step;
+  j["sampler_state"] = s.sampler_state;
+  j["loss_scale"] = s.loss_scale;
+  j["scale_good_steps"] = s.scale_good_steps;
+  j["train_config"] = s.train_config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(s.train_config_json);
+  return j.dump();
+}
+
+torch::serialize::InputArchive open_archive(const std::string& path, const torch::Device& device) {
+  if (!fs::exists(path)) throw std::runtime_error("checkpoint '" + path + "' does not exist");
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path, device);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint '" + path + "' is corrupt or not a flashcos checkpoint (" +
+                             std::string(e.what()).substr(0, 200) + ")");
+  }
+  return archive;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint_path(const std::string& p) {
+  if (fs::is_directory(p)) return (fs::path(p) / "latest.pt").string();
+  return p;
+}
+
+void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
+                     const ModelConfig& config, const TrainState& state) {
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : model->named_parameters()) {
+      if (!torch::isfinite(p.value()).all().item<bool>()) {
+        throw std::runtime_error("refusing to save checkpoint '" + path + "': parameter '" + p.key() +
+                                 "' is not finite (the run diverged; lower --lr or use --precision fp32)");
+      }
+    }
+  }
+  torch::serialize::OutputArchive root;
+  root.write("meta", c10::IValue(meta_json(config, state)));
+  torch::serialize::OutputArchive model_archive;
+  model->save(model_archive);
+  root.write("model", model_archive);
+  if (optimizer) {
+    torch::serialize::OutputArchive opt_archive;
+    optimizer->save(opt_archive);
+    root.write("optimizer", opt_archive);
+  }
+  fs::create_directories(fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path());
+  const std::string tmp = path + ".tmp";
+  try {
+    root.save_to(tmp);
+  } catch (const std::exception& e) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("could not write checkpoint '" + tmp + "': " + std::string(e.what()).substr(0, 200));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error("could not rename '" + tmp + "' to '" + path + "': " + ec.message());
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  auto archive = open_archive(path, torch::kCPU);
+  c10::IValue meta_value;
+  if (!archive.try_read("meta", meta_value) || !meta_value.isString()) {
+    throw std::runtime_error("checkpoint '" + path + "' has no flashcos metadata (not a flashcos checkpoint?)");
+  }
+  CheckpointMeta meta;
+  try {
+    auto j = nlohmann::json::parse(meta_value.toStringRef());
+    const int64_t format = j.at("format");
+    if (format > kCheckpointFormat) {
+      throw std::runtime_error("checkpoint '" + path + "' has format " + std::to_string(format) +
+                               ", this build reads up to " + std::to_string(kCheckpointFormat));
+    }
+    meta.model = ModelConfig::from_json(j.at("model").dump());
+    meta.state.step = j.at("step");
+    meta.state.sampler_state = j.at("sampler_state");
+    meta.state.loss_scale = j.at("loss_scale");
+    meta.state.scale_good_steps = j.at("scale_good_steps");
+    meta.state.train_config_json = j.at("train_config").dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("checkpoint '" + path + "' has malformed metadata: " + e.what());
+  }
+  return meta;
+}
+
+void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
+                     const torch::Device& device) {
+  auto archive = open_archive(path, device);
+  try {
+    torch::serialize::InputArchive model_archive;
+    archive.read("model", model_archive);
+    model->load(model_archive);
+    if (optimizer) {
+      torch::serialize::InputArchive opt_archive;
+      if (!archive.try_read("optimizer", opt_archive)) {
+        throw std::runtime_error("it holds no optimiser state (saved for inference only?)");
+      }
+      optimizer->load(opt_archive);
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint '" + path + "' does not match the model: " +
+                             std::string(e.what()).substr(0, 300));
+  }
+}
+
+GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out) {
+  auto meta = read_checkpoint_meta(path);
+  GPT model(meta.model);
+  model->to(device);
+  load_checkpoint(path, model, nullptr, device);
+  model->eval();
+  if (meta_out) *meta_out = meta;
+  return model;
+}
+
+}  // namespace flashcos::model

@@ -1,0 +1,51 @@
+// Checkpoints: one file (checkpoints/<run>/latest.pt) holding the model, the optimiser, the
+// loss scaler, the step, the data sampler's generator and the full model + train config, so
+// sample / eval rebuild the model from it alone and --resume continues exactly.
+// Written to a temporary file in the same folder, then renamed: a crash never leaves a
+// half-written checkpoint, and a failed save never overwrites the previous one.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "model/gpt.h"
+
+namespace flashcos::model {
+
+constexpr int64_t kCheckpointFormat = 1;
+
+struct TrainState {
+  int64_t step = 0;               // optimiser steps done
+  std::string sampler_state;      // data::BatchSampler::state()
+  double loss_scale = 1.0;        // fp16 dynamic loss scale
+  int64_t scale_good_steps = 0;   // steps since the last scale change
+  std::string train_config_json;  // the resolved train config, for the record
+};
+
+struct CheckpointMeta {
+  ModelConfig model;
+  TrainState state;
+};
+
+// Throws std::runtime_error (and writes nothing) if a parameter is not finite.
+void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
+                     const ModelConfig& config, const TrainState& state);
+
+// Reads only the metadata. Errors name the file and what is wrong (missing, corrupt, not a
+// flashcos checkpoint, newer format).
+CheckpointMeta read_checkpoint_meta(const std::string& path);
+
+// Loads weights (and optimiser state, when given) into a model built from read_checkpoint_meta.
+void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
+                     const torch::Device& device);
+
+// A model rebuilt from the checkpoint alone, on `device`, in eval mode.
+GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta = nullptr);
+
+// "checkpoints/run" or "checkpoints/run/latest.pt" -> the .pt path.
+std::string resolve_checkpoint_path(const std::string& path_or_dir);
+
+}  // namespace flashcos::model

@@ -1,0 +1,56 @@
+#include "model/device.h"
+
+#include <torch/cuda.h>
+
+#include <stdexcept>
+
+#ifdef FLASHCOS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace flashcos::model {
+
+c10::Device resolve_device(const std::string& name) {
+  if (name == "auto") return torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (name == "cpu") return c10::Device(c10::kCPU);
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+    if (!torch::cuda::is_available()) {
+      throw std::invalid_argument("--device " + name + ": no CUDA GPU is visible (use --device cpu)");
+    }
+    return c10::Device(name);
+  }
+  throw std::invalid_argument("--device must be auto, cpu or cuda[:N], got '" + name + "'");
+}
+
+std::string device_description(const c10::Device& device) {
+#ifdef FLASHCOS_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto* props = at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index());
+    return std::string(props->name) + " (" + std::to_string(props->totalGlobalMem >> 30) + " GiB)";
+  }
+#endif
+  return device.str();
+}
+
+void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index() < 0 ? 0 : device.index());
+}
+
+double peak_memory_gib(const c10::Device& device) {
+#ifdef FLASHCOS_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
+  }
+#endif
+  return 0.0;
+}
+
+void reset_peak_memory(const c10::Device& device) {
+#ifdef FLASHCOS_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#endif
+}
+
+}  // namespace flashcos::model

@@ -1,0 +1,18 @@
+// Small device helpers that hide CUDA-only libtorch headers from the rest of the code.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <string>
+
+namespace flashcos::model {
+
+// "auto" -> cuda when available, else cpu; "cuda" without a GPU is an error.
+c10::Device resolve_device(const std::string& name);
+std::string device_description(const c10::Device& device);
+void synchronize(const c10::Device& device);
+// Peak bytes allocated through the CUDA caching allocator since the last reset (0 on CPU).
+double peak_memory_gib(const c10::Device& device);
+void reset_peak_memory(const c10::Device& device);
+
+}  // namespace flashcos::model

@@ -1,0 +1,117 @@
+#include "model/gpt.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include "attention/attention.h"
+#include "attention/fastmax.h"
+
+namespace flashcos::model {
+namespace F = torch::nn::functional;
+
+AttentionImpl::AttentionImpl(const ModelConfig& cfg) : cfg_(cfg) {
+  const int64_t inner = cfg.heads * cfg.dim_head;
+  to_q_ = register_module("to_q", torch::nn::Linear(torch::nn::LinearOptions(cfg.dim, inner).bias(false)));
+  to_k_ = register_module("to_k", torch::nn::Linear(torch::nn::LinearOptions(cfg.dim, inner).bias(false)));
+  to_v_ = register_module("to_v", torch::nn::Linear(torch::nn::LinearOptions(cfg.dim, inner).bias(false)));
+  to_out_ = register_module("to_out", torch::nn::Linear(torch::nn::LinearOptions(inner, cfg.dim).bias(false)));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), NH = cfg_.heads, HS = cfg_.dim_head;
+  auto split_heads = [&](const torch::Tensor& t) { return t.view({B, T, NH, HS}).transpose(1, 2); };
+  auto q = split_heads(to_q_(x));  // (B, NH, T, HS)
+  auto k = split_heads(to_k_(x));
+  auto v = split_heads(to_v_(x));
+  // Under autocast the projections already share one dtype; keep it explicit for the kernels.
+  k = k.to(q.scalar_type());
+  v = v.to(q.scalar_type());
+  torch::Tensor o;
+  if (cfg_.attention == "cosine") {
+    auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
+    if (cfg_.attention_impl == "sdpa") {
+      // Softmax is shift-invariant, so softmax(scale * q.k) on l2-normalised q, k is exactly the
+      // cosine-sim attention (no key mask here, so no row is ever empty).
+      q = l2norm(q, cfg_.l2norm_groups);
+      k = l2norm(k, cfg_.l2norm_groups);
+      o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, cfg_.attn_scale);
+    } else if (cfg_.attention_impl == "plain") {
+      o = plain_cosine_sim_attention(q, k, v, opts);
+    } else {
+      o = cosine_sim_attention(q, k, v, opts.backend(cfg_.attention_impl == "fused" ? Backend::kFused : Backend::kTiled));
+    }
+  } else if (cfg_.attention == "softmax") {
+    if (cfg_.attention_impl == "sdpa") {
+      o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    } else {
+      auto sim = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(HS));
+      auto causal = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
+      o = torch::matmul(sim.masked_fill(causal, -std::numeric_limits<double>::infinity()).softmax(-1), v);
+    }
+  } else {  // fastmax
+    auto opts = FastmaxOptions()
+                    .p(cfg_.fastmax_p)
+                    .a0(cfg_.fastmax_a0)
+                    .a1(cfg_.fastmax_a1)
+                    .a2(cfg_.fastmax_a2)
+                    .temperature(cfg_.fastmax_temperature)
+                    .normalize(cfg_.fastmax_normalize)
+                    .causal(true);
+    if (cfg_.attention_impl == "plain") opts.backend(FastmaxBackend::kReference);
+    o = fastmax_attention(q, k, v, opts);
+  }
+  return to_out_(o.transpose(1, 2).reshape({B, T, NH * HS}));
+}
+
+BlockImpl::BlockImpl(const ModelConfig& cfg) {
+  norm_attn_ = register_module("norm_attn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
+  attn_ = register_module("attn", Attention(cfg));
+  norm_ff_ = register_module("norm_ff", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
+  ff_in_ = register_module("ff_in", torch::nn::Linear(cfg.dim, 4 * cfg.dim));
+  ff_out_ = register_module("ff_out", torch::nn::Linear(4 * cfg.dim, cfg.dim));
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn_(norm_attn_(x));
+  return x + ff_out_(F::gelu(ff_in_(norm_ff_(x))));
+}
+
+GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
+  cfg.validate();
+  token_emb_ = register_module("token_emb", torch::nn::Embedding(cfg.vocab, cfg.dim));
+  pos_emb_ = register_module("pos_emb", torch::nn::Embedding(cfg.max_seq_len, cfg.dim));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.depth; ++i) blocks_->push_back(Block(cfg));
+  norm_out_ = register_module("norm_out", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
+  to_logits_ = register_module("to_logits", torch::nn::Linear(cfg.dim, cfg.vocab));
+  // GPT-style init: N(0, 0.02) weights, zero biases; the initial loss is then ~ln(256).
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) {
+    if (p.key().find("norm") != std::string::npos) continue;  // LayerNorms keep 1 / 0
+    if (p.key().size() >= 4 && p.key().compare(p.key().size() - 4, 4, "bias") == 0) {
+      p.value().zero_();
+    } else {
+      torch::nn::init::normal_(p.value(), 0.0, 0.02);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  TORCH_CHECK(T <= cfg_.max_seq_len, "GPT: sequence of ", T, " tokens is longer than max_seq_len ",
+              cfg_.max_seq_len);
+  auto pos = torch::arange(T, tokens.options());
+  auto x = token_emb_(tokens) + pos_emb_(pos).unsqueeze(0);
+  for (const auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  return to_logits_(norm_out_(x));
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& window) {
+  auto input = window.slice(1, 0, window.size(1) - 1);
+  auto target = window.slice(1, 1, window.size(1));
+  auto logits = forward(input);
+  return F::cross_entropy(logits.reshape({-1, cfg_.vocab}).to(torch::kFloat), target.reshape({-1}));
+}
+
+}  // namespace flashcos::model

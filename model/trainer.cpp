@@ -1,0 +1,390 @@
+// The training loop. Per optimiser step: grad_accum micro-batches of random crops (pinned,
+// copied non-blocking), autocast forward, backward, clip, Adam(W) step, LR schedule. Every
+// validate_every steps: loss on fixed validation windows; every generate_every: a sample.
+// Checkpoints are atomic (model/checkpoint.h); the first Ctrl-C finishes the step, saves, exits 0.
+#include "model/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "data/corpus.h"
+#include "model/checkpoint.h"
+#include "model/device.h"
+#include "model/generate.h"
+#include "model/gpt.h"
+
+namespace flashcos::model {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kLn2 = 0.69314718055994530942;
+
+std::atomic<int> g_interrupts{0};
+extern "C" void on_sigint(int) {
+  if (g_interrupts.fetch_add(1) >= 1) std::_Exit(130);  // second Ctrl-C: leave at once
+}
+
+// Autocast for one region; restores the previous state and drops the cast-weight cache on
+// exit, so the next step never sees weights cast before the optimiser changed them.
+class AutocastScope {
+ public:
+  AutocastScope(bool enabled, c10::DeviceType device, at::ScalarType dtype) : enabled_(enabled), device_(device) {
+    if (!enabled_) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_enabled(device_, true);
+    at::autocast::set_autocast_dtype(device_, dtype);
+  }
+  ~AutocastScope() {
+    if (!enabled_) return;
+    at::autocast::set_autocast_enabled(device_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_, prev_dtype_);
+    at::autocast::clear_cache();
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool enabled_;
+  c10::DeviceType device_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+struct Precision {
+  bool autocast = false;
+  at::ScalarType dtype = at::kFloat;
+  bool loss_scaling = false;
+  std::string name;
+};
+
+Precision resolve_precision(const std::string& p, const c10::Device& device) {
+  std::string name = p == "auto" ? (device.is_cuda() ? "bf16" : "fp32") : p;
+  if (name == "fp32") return {false, at::kFloat, false, name};
+  if (name == "bf16") return {true, at::kBFloat16, false, name};
+  if (name == "fp16") {
+    if (!device.is_cuda()) throw std::invalid_argument("--precision fp16 needs a CUDA device (use bf16 or fp32)");
+    return {true, at::kHalf, true, name};
+  }
+  throw std::invalid_argument("--precision must be auto, bf16, fp16 or fp32, got '" + p + "'");
+}
+
+std::string default_run_name() {
+  std::time_t now = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "run-%Y%m%d-%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds);
+  if (s >= 3600) return strf("%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s % 3600 / 60));
+  return strf("%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+}
+
+std::string resolve_data_path(const std::string& path) {
+  if (fs::exists(path)) return path;
+  if (fs::exists(path + ".gz")) return path + ".gz";
+  return path;  // load_corpus reports the missing file with the download hint
+}
+
+double lr_at(const TrainConfig& cfg, int64_t step) {
+  if (cfg.warmup > 0 && step < cfg.warmup) return cfg.lr * static_cast<double>(step + 1) / cfg.warmup;
+  if (cfg.schedule == "cosine") {
+    const double span = std::max<int64_t>(1, cfg.steps - cfg.warmup);
+    const double t = std::min(1.0, static_cast<double>(step - cfg.warmup) / span);
+    const double min_lr = cfg.lr * cfg.min_lr_ratio;
+    return min_lr + 0.5 * (cfg.lr - min_lr) * (1.0 + std::cos(M_PI * t));
+  }
+  return cfg.lr;
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
+}
+
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path) : out_(path, std::ios::app) {
+    if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
+  }
+  void write(const nlohmann::json& record) {
+    out_ << record.dump() << '\n';
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+void validate_config(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& msg) {
+    if (!ok) throw std::invalid_argument(msg);
+  };
+  require(c.seq_len >= 1, "--seq-len must be >= 1, got " + std::to_string(c.seq_len));
+  require(c.batch >= 1, "--batch must be >= 1, got " + std::to_string(c.batch));
+  require(c.grad_accum >= 1, "--grad-accum must be >= 1, got " + std::to_string(c.grad_accum));
+  require(c.steps >= 1, "--steps must be >= 1, got " + std::to_string(c.steps));
+  require(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number");
+  require(c.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping)");
+  require(c.schedule == "constant" || c.schedule == "cosine", "--schedule must be constant or cosine, got '" + c.schedule + "'");
+  require(c.validate_every >= 1 && c.generate_every >= 0 && c.save_every >= 1 && c.log_every >= 1,
+          "--validate-every, --save-every, --log-every must be >= 1 (--generate-every 0 disables samples)");
+  require(c.seq_len <= c.model.max_seq_len, "--seq-len " + std::to_string(c.seq_len) + " exceeds the model's max_seq_len " +
+                                                std::to_string(c.model.max_seq_len));
+}
+
+}  // namespace
+
+std::string TrainConfig::to_json() const {
+  nlohmann::json j = {{"data", data}, {"split", split}, {"seq_len", seq_len}, {"batch", batch},
+                      {"grad_accum", grad_accum}, {"steps", steps}, {"lr", lr}, {"warmup", warmup},
+                      {"schedule", schedule}, {"min_lr_ratio", min_lr_ratio}, {"weight_decay", weight_decay},
+                      {"clip_grad", clip_grad}, {"precision", precision}, {"validate_every", validate_every},
+                      {"val_windows", val_windows}, {"generate_every", generate_every},
+                      {"generate_length", generate_length}, {"save_every", save_every}, {"log_every", log_every},
+                      {"checkpoint_dir", checkpoint_dir}, {"run", run}, {"resume", resume}, {"seed", seed},
+                      {"device", device}};
+  return j.dump();
+}
+
+int train(TrainConfig cfg) {
+  validate_config(cfg);
+  const c10::Device device = resolve_device(cfg.device);
+  const Precision precision = resolve_precision(cfg.precision, device);
+  torch::manual_seed(cfg.seed);
+
+  // ---- resume: model config, step, sampler and scaler state come from the checkpoint ----
+  CheckpointMeta meta;
+  std::string resume_path;
+  if (!cfg.resume.empty()) {
+    resume_path = resolve_checkpoint_path(cfg.resume);
+    meta = read_checkpoint_meta(resume_path);
+    cfg.model = meta.model;
+    if (cfg.run.empty()) cfg.run = fs::path(resume_path).parent_path().filename().string();
+    validate_config(cfg);
+  }
+  if (cfg.run.empty()) cfg.run = default_run_name();
+  const fs::path run_dir = fs::path(cfg.checkpoint_dir) / cfg.run;
+  fs::create_directories(run_dir);
+  const std::string ckpt_path = (run_dir / "latest.pt").string();
+
+  // ---- data ----
+  cfg.data = resolve_data_path(cfg.data);
+  auto corpus = data::load_corpus(cfg.data, data::parse_split(cfg.split), cfg.seq_len + 1);
+  data::BatchSampler sampler(corpus.train, cfg.seq_len, cfg.batch, cfg.seed);
+  auto val_windows = data::fixed_windows(corpus.val, cfg.seq_len, cfg.val_windows);
+
+  // ---- model + optimiser ----
+  GPT model(cfg.model);
+  model->to(device);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (cfg.weight_decay > 0) {
+    optimizer = std::make_unique<torch::optim::AdamW>(model->parameters(),
+                                                      torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  } else {
+    optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(cfg.lr));
+  }
+  TrainState state;
+  state.loss_scale = precision.loss_scaling ? 65536.0 : 1.0;
+  if (!resume_path.empty()) {
+    load_checkpoint(resume_path, model, optimizer.get(), device);
+    state = meta.state;
+    sampler.load_state(state.sampler_state);
+  }
+  state.train_config_json = cfg.to_json();
+
+  // ---- start-up table ----
+  const int64_t tokens_per_step = cfg.batch * cfg.grad_accum * cfg.seq_len;
+  log::info(strf("flashcos train: run '%s' on %s, precision %s", cfg.run.c_str(),
+                 device_description(device).c_str(), precision.name.c_str()));
+  log::info(strf("  data        %s (train %lld / val %lld / test %lld bytes)", cfg.data.c_str(),
+                 static_cast<long long>(corpus.train.numel()), static_cast<long long>(corpus.val.numel()),
+                 static_cast<long long>(corpus.test.numel())));
+  log::info(strf("  model       dim %lld, depth %lld, heads %lld x %lld, %.2fM params, attention %s (%s)",
+                 static_cast<long long>(cfg.model.dim), static_cast<long long>(cfg.model.depth),
+                 static_cast<long long>(cfg.model.heads), static_cast<long long>(cfg.model.dim_head),
+                 cfg.model.num_parameters() / 1e6, cfg.model.attention.c_str(), cfg.model.attention_impl.c_str()));
+  log::info(strf("  batch       %lld x %lld accum x %lld tokens = %lld tokens/step", static_cast<long long>(cfg.batch),
+                 static_cast<long long>(cfg.grad_accum), static_cast<long long>(cfg.seq_len),
+                 static_cast<long long>(tokens_per_step)));
+  log::info(strf("  optimiser   %s lr %.3g (%s, warmup %lld), clip %.3g, steps %lld%s",
+                 cfg.weight_decay > 0 ? "AdamW" : "Adam", cfg.lr, cfg.schedule.c_str(),
+                 static_cast<long long>(cfg.warmup), cfg.clip_grad, static_cast<long long>(cfg.steps),
+                 resume_path.empty() ? "" : strf(", resumed at step %lld", static_cast<long long>(state.step)).c_str()));
+  log::info(strf("  output      %s (metrics.jsonl, latest.pt)", run_dir.string().c_str()));
+
+  MetricsLog metrics((run_dir / "metrics.jsonl").string());
+  {
+    std::ofstream cfg_out(run_dir / "config.json");
+    cfg_out << nlohmann::json{{"train", nlohmann::json::parse(cfg.to_json())},
+                              {"model", nlohmann::json::parse(cfg.model.to_json())}}
+                   .dump(2)
+            << '\n';
+  }
+
+  auto save = [&](const char* why) {
+    save_checkpoint(ckpt_path, model, optimizer.get(), cfg.model, state);
+    log::info(strf("saved %s at step %lld (%s)", ckpt_path.c_str(), static_cast<long long>(state.step), why));
+  };
+
+  auto evaluate_val = [&]() {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    double total = 0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < val_windows.size(0); i += cfg.batch) {
+      auto w = val_windows.slice(0, i, std::min(val_windows.size(0), i + cfg.batch)).to(device);
+      AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
+      total += model->loss(w).item<double>() * w.size(0);
+      count += w.size(0);
+    }
+    model->train();
+    return total / std::max<int64_t>(1, count);
+  };
+
+  auto sample_text = [&]() {
+    auto start = val_windows[static_cast<int64_t>(state.step / std::max<int64_t>(1, cfg.generate_every)) %
+                             val_windows.size(0)];
+    auto prime = start.slice(0, 0, std::min<int64_t>(128, cfg.seq_len)).unsqueeze(0).to(device);
+    SampleOptions so;
+    so.length = std::min(cfg.generate_length, cfg.model.max_seq_len);
+    so.seed = cfg.seed + static_cast<uint64_t>(state.step);
+    AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
+    auto out = generate(model, prime, so);
+    std::printf("\n---- prime ----\n%s\n---- sample (step %lld) ----\n%s\n-----------------\n",
+                data::decode_bytes(prime.cpu()).c_str(), static_cast<long long>(state.step),
+                data::decode_bytes(out).c_str());
+    std::fflush(stdout);
+  };
+
+  std::signal(SIGINT, on_sigint);
+  const bool tty = isatty(fileno(stderr));
+  model->train();
+  reset_peak_memory(device);
+  auto params = model->parameters();
+  auto last_log = std::chrono::steady_clock::now();
+  int64_t steps_since_log = 0;
+  at::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+  int64_t skipped = 0;
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t first_step = state.step;
+
+  while (state.step < cfg.steps) {
+    const double lr = lr_at(cfg, state.step);
+    set_lr(*optimizer, lr);
+    optimizer->zero_grad(true);
+    at::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      auto batch = sampler.next().to(device, /*non_blocking=*/true);
+      at::Tensor loss;
+      {
+        AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
+        loss = model->loss(batch) / static_cast<double>(cfg.grad_accum);
+      }
+      (precision.loss_scaling ? loss * state.loss_scale : loss).backward();
+      step_loss += loss.detach();
+    }
+    bool do_step = true;
+    if (precision.loss_scaling) {
+      // Dynamic loss scaling: unscale, skip the step and halve the scale on inf/NaN grads,
+      // double it after 2000 clean steps.
+      std::vector<at::Tensor> grads;
+      for (auto& p : params)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device));
+      auto inv_scale = torch::full({1}, 1.0 / state.loss_scale, torch::TensorOptions().device(device));
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+      if (found_inf.item<float>() > 0) {
+        do_step = false;
+        state.loss_scale = std::max(1.0, state.loss_scale / 2);
+        state.scale_good_steps = 0;
+        ++skipped;
+      } else if (++state.scale_good_steps >= 2000) {
+        state.loss_scale *= 2;
+        state.scale_good_steps = 0;
+      }
+    }
+    if (do_step) {
+      if (cfg.clip_grad > 0) torch::nn::utils::clip_grad_norm_(params, cfg.clip_grad);
+      optimizer->step();
+    }
+    state.sampler_state = sampler.state();
+    ++state.step;
+    ++steps_since_log;
+    loss_sum += step_loss;
+
+    const bool log_now = state.step % cfg.log_every == 0 || state.step == cfg.steps;
+    if (log_now) {
+      const double loss = loss_sum.item<double>() / steps_since_log;
+      if (!std::isfinite(loss) && !precision.loss_scaling) {
+        log::error(strf("loss is %f at step %lld: the run diverged; not saving (last good checkpoint kept). "
+                        "Try a lower --lr or --precision fp32.", loss, static_cast<long long>(state.step)));
+        return 1;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - last_log).count();
+      const double tok_s = static_cast<double>(steps_since_log * tokens_per_step) / std::max(dt, 1e-9);
+      const double elapsed = std::chrono::duration<double>(now - t_start).count();
+      const double eta = elapsed / (state.step - first_step) * (cfg.steps - state.step);
+      const double mem = peak_memory_gib(device);
+      std::string line = strf("step %lld/%lld | loss %.4f | bpc %.4f | lr %.2e | %.1fk tok/s | ETA %s",
+                              static_cast<long long>(state.step), static_cast<long long>(cfg.steps), loss, loss / kLn2,
+                              lr, tok_s / 1e3, format_duration(eta).c_str());
+      if (device.is_cuda()) line += strf(" | peak mem %.2f GiB", mem);
+      if (precision.loss_scaling) line += strf(" | scale %.0f (%lld skipped)", state.loss_scale, static_cast<long long>(skipped));
+      if (tty) {
+        std::fprintf(stderr, "\r\033[K%s", line.c_str());
+        std::fflush(stderr);
+      } else {
+        log::info(line);
+      }
+      metrics.write({{"event", "train"}, {"step", state.step}, {"loss", loss}, {"bpc", loss / kLn2}, {"lr", lr},
+                     {"tok_per_s", tok_s}, {"peak_mem_gib", mem}, {"time_s", elapsed}});
+      loss_sum.zero_();
+      steps_since_log = 0;
+      last_log = std::chrono::steady_clock::now();
+    }
+    const bool interrupted = g_interrupts.load() > 0;
+    if (state.step % cfg.validate_every == 0 || state.step == cfg.steps) {
+      const double val = evaluate_val();
+      if (tty) std::fprintf(stderr, "\n");
+      log::info(strf("step %lld validation: loss %.4f nats, %.4f bpc (%lld windows of %lld)",
+                     static_cast<long long>(state.step), val, val / kLn2,
+                     static_cast<long long>(val_windows.size(0)), static_cast<long long>(cfg.seq_len)));
+      metrics.write({{"event", "val"}, {"step", state.step}, {"loss", val}, {"bpc", val / kLn2}});
+    }
+    if (cfg.generate_every > 0 && state.step % cfg.generate_every == 0 && !interrupted) sample_text();
+    if (state.step % cfg.save_every == 0 || state.step == cfg.steps || interrupted) {
+      save(interrupted ? "interrupted" : state.step == cfg.steps ? "done" : "periodic");
+    }
+    if (interrupted) {
+      log::info("interrupted: checkpoint saved, resume with --resume " + ckpt_path);
+      return 0;
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  log::info(strf("done: %lld steps, peak memory %.2f GiB", static_cast<long long>(state.step), peak_memory_gib(device)));
+  return 0;
+}
+
+}  // namespace flashcos::model

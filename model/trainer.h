@@ -1,0 +1,45 @@
+// The training loop: data + model + optimiser -> loop -> metrics / checkpoints.
+// Config comes resolved from app/train.cpp; nothing here sees the command line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+
+namespace flashcos::model {
+
+struct TrainConfig {
+  std::string data = "data/enwik8";  // raw or .gz; data/enwik8.gz is tried when this is missing
+  std::string split = "90M,5M,5M";
+  int64_t seq_len = 1024;
+  int64_t batch = 4;
+  int64_t grad_accum = 4;
+  int64_t steps = 100000;           // total optimiser steps (a resumed run continues up to this)
+  double lr = 2e-4;
+  int64_t warmup = 0;               // linear warmup steps
+  std::string schedule = "constant";  // constant | cosine (to min_lr_ratio * lr at `steps`)
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.0;        // > 0: AdamW (decoupled), else Adam
+  double clip_grad = 0.5;
+  std::string precision = "auto";   // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
+  int64_t validate_every = 100;
+  int64_t val_windows = 16;         // fixed validation windows per validation
+  int64_t generate_every = 500;
+  int64_t generate_length = 512;
+  int64_t save_every = 500;         // also saved at the end, on Ctrl-C and after each validation
+  int64_t log_every = 10;
+  std::string checkpoint_dir = "checkpoints";
+  std::string run;                  // run name (default: run-<date>-<time>)
+  std::string resume;               // checkpoint file or run folder to continue
+  uint64_t seed = 42;
+  std::string device = "auto";      // auto | cuda | cpu
+  ModelConfig model;
+
+  std::string to_json() const;
+};
+
+// Runs training; returns the process exit code (0 also after a Ctrl-C that saved).
+int train(TrainConfig cfg);
+
+}  // namespace flashcos::model
