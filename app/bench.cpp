@@ -155,10 +155,12 @@ std::string trim(const std::string& s) {
 
 std::vector<std::string> split_list(const std::string& option, const std::string& text) {
   std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    item = trim(item);
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = trim(text.substr(begin, end - begin));
+    begin = end + 1;
     if (item.empty()) {
       throw UsageError("--" + option + " '" + text +
                        "': empty item in the comma-separated list (e.g. 1024,2048)");

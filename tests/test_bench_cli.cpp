@@ -1,0 +1,170 @@
+// ./train bench end to end on the CPU: runs the built binary, reads its --json output, and checks
+// that bad options exit non-zero with a message naming the option.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+RunResult run_train(const std::string& args) {
+  const std::string cmd = std::string("\"") + FLASHCOS_TRAIN_BIN + "\" " + args + " 2>&1";
+  RunResult result;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return result;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string temp_path(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir && *dir ? dir : "/tmp") + "/flashcos_" + name + "_" +
+         std::to_string(getpid()) + ".json";
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "no JSON written at " << path;
+  nlohmann::json doc;
+  if (in) in >> doc;
+  return doc;
+}
+
+const char* kSmall = "bench --device cpu --seq-lens 1,63 --dim-head 16 --batch 1 --heads 2 "
+                     "--iters 2 --warmup 1";
+
+TEST(BenchCli, CpuRunWritesEveryMeasurement) {
+  const std::string json = temp_path("bench");
+  const RunResult r = run_train(std::string(kSmall) + " --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The seed's table and the full table are printed.
+  EXPECT_NE(r.output.find("seq_len: 1 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("seq_len: 63 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("float32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TFLOP/s"), std::string::npos) << r.output;
+
+  const nlohmann::json doc = read_json(json);
+  std::remove(json.c_str());
+  ASSERT_TRUE(doc.contains("results")) << doc.dump(2);
+  EXPECT_EQ(doc["device_type"], "cpu");
+  EXPECT_EQ(doc["config"]["seq_lens"], nlohmann::json({1, 63}));
+  EXPECT_EQ(doc["config"]["dim_heads"], nlohmann::json({16}));
+  EXPECT_EQ(doc["config"]["passes"], nlohmann::json({"fwd", "bwd", "fwd+bwd"}));
+
+  // plain and tiled: a positive time and TFLOP/s for every pass x length, with the right FLOPs.
+  std::map<std::string, std::set<std::string>> seen;  // impl -> "pass/seq_len"
+  std::set<int64_t> seq_lens;
+  for (const auto& r : doc["results"]) {
+    const std::string impl = r["impl"];
+    seq_lens.insert(r["seq_len"].get<int64_t>());
+    EXPECT_EQ(r["dtype"], "fp32");
+    EXPECT_EQ(r["batch"], 1);
+    EXPECT_EQ(r["heads"], 2);
+    EXPECT_EQ(r["dim_head"], 16);
+    if (impl != "plain" && impl != "tiled") continue;
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    const double ms = r["ms"].get<double>();
+    EXPECT_GT(ms, 0.0) << r.dump();
+    EXPECT_GT(r["tflops"].get<double>(), 0.0) << r.dump();
+    EXPECT_EQ(r["iters"], 2);
+    const int64_t n = r["seq_len"];
+    const std::string pass = r["pass"];
+    const double factor = pass == "fwd" ? 1.0 : pass == "bwd" ? 2.5 : 3.5;
+    EXPECT_DOUBLE_EQ(r["flops"].get<double>(), 4.0 * 1 * 2 * n * n * 16 * factor) << r.dump();
+    seen[impl].insert(pass + "/" + std::to_string(n));
+  }
+  EXPECT_EQ(seq_lens, (std::set<int64_t>{1, 63}));
+  const std::set<std::string> expected = {"fwd/1", "fwd/63", "bwd/1", "bwd/63", "fwd+bwd/1",
+                                          "fwd+bwd/63"};
+  EXPECT_EQ(seen["plain"], expected);
+  EXPECT_EQ(seen["tiled"], expected);
+}
+
+TEST(BenchCli, OnlyForwardsCausalRestrictedImpls) {
+  const std::string json = temp_path("bench_fwd");
+  const RunResult r = run_train(std::string(kSmall) +
+                                " --only-forwards --causal --mask-prob 0.25 --impls tiled,plain "
+                                "--json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json doc = read_json(json);
+  std::remove(json.c_str());
+  ASSERT_EQ(doc["results"].size(), 4u) << doc.dump(2);  // 2 impls x 2 lengths x fwd
+  for (const auto& rec : doc["results"]) {
+    EXPECT_EQ(rec["pass"], "fwd");
+    EXPECT_EQ(rec["causal"], true);
+    EXPECT_EQ(rec["status"], "ok") << rec.dump();
+    const int64_t n = rec["seq_len"];
+    EXPECT_DOUBLE_EQ(rec["flops"].get<double>(), 4.0 * 2 * n * n * 16 / 2);
+  }
+}
+
+TEST(BenchCli, ExpKindRunsOursAndMarksSdpaNotApplicable) {
+  const RunResult r = run_train(std::string(kSmall) +
+                                " --only-backwards --attention exp --impls plain,tiled,sdpa-math");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no unnormalised exp variant"), std::string::npos) << r.output;
+}
+
+TEST(BenchCli, HelpListsTheOptions) {
+  const RunResult r = run_train("bench --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* opt : {"--causal", "--mask-prob", "--only-forwards", "--only-backwards",
+                          "--dtype", "--batch", "--heads", "--dim-head", "--seq-lens", "--json",
+                          "--impls", "--device"}) {
+    EXPECT_NE(r.output.find(opt), std::string::npos) << opt << "\n" << r.output;
+  }
+}
+
+void expect_rejected(const std::string& args, const std::string& named) {
+  const RunResult r = run_train("bench --device cpu " + args);
+  EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(named), std::string::npos)
+      << "the error for '" << args << "' should name " << named << ":\n" << r.output;
+  EXPECT_EQ(r.output.find("seq_len:"), std::string::npos) << "nothing should run:\n" << r.output;
+}
+
+TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
+  expect_rejected("--dtype fp8", "--dtype");
+  expect_rejected("--dtype bf16,fp8", "--dtype");
+  expect_rejected("--seq-lens abc", "--seq-lens");
+  expect_rejected("--seq-lens 128,", "--seq-lens");
+  expect_rejected("--seq-lens 0", "--seq-lens");
+  expect_rejected("--dim-head 6x4", "--dim-head");
+  expect_rejected("--batch -1", "--batch");
+  expect_rejected("--no-such-option", "no-such-option");
+  expect_rejected("--mask-prob 1.5", "--mask-prob");
+  expect_rejected("--only-forwards --only-backwards", "--only-backwards");
+  expect_rejected("--impls plain,flash3", "--impls");
+  expect_rejected("--attention softmax", "--attention");
+  expect_rejected("--device tpu", "--device");
+  expect_rejected("--iters 0", "--iters");
+  expect_rejected("stray", "stray");
+}
+
+TEST(BenchCli, UnwritableJsonPathFails) {
+  const RunResult r = run_train(std::string(kSmall) +
+                                " --only-forwards --impls plain --json /nonexistent-dir/x.json");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--json"), std::string::npos) << r.output;
+}
+
+}  // namespace
