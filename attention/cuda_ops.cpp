@@ -1,22 +1,276 @@
-// Placeholder until the fused kernels land: every entry point raises a clear error.
+// The torch -> kernel bridge of the fused attention: validates what the kernels assume, fills the
+// torch-free Params structs (attention/cuda/params.h) in exactly one function per direction,
+// allocates outputs and scratch, launches on the current stream and checks every CUDA call.
+//
+// Strides: the 16-bit kernels copy rows with 16-byte cp.async, so q, k, v, dout need a contiguous
+// last dim, 16-byte aligned data and row / head / batch strides that are multiples of 8 elements;
+// a tensor that isn't like that is copied to a contiguous one first (the only copies made here,
+// besides a bias of another dtype, converted once to float32: the kernels read the bias in fp32).
+// The fp32 / fp64 kernels take any strides with a contiguous last dim.
+//
+// FLASHCOS_POISON=1 fills every output with NaN before the launch (the tests set it), so a kernel
+// that leaves an element unwritten cannot pass.
 #include "attention/core.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <limits>
+
+#ifdef FLASHCOS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "attention/cuda/params.h"
+#endif
 
 namespace flashcos::detail {
 
-ForwardResult fused_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, const CoreArgs&) {
-  TORCH_CHECK(false, "flashcos: the fused CUDA attention kernel is not implemented yet; "
-                     "use Backend::kTiled or kPlain");
+#ifdef FLASHCOS_WITH_CUDA
+namespace {
+
+namespace fc = flashcos::cuda;
+
+bool poison_outputs() {
+  const char* env = std::getenv("FLASHCOS_POISON");
+  return env != nullptr && env[0] == '1';
 }
 
-BackwardResult fused_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                              const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                              const at::Tensor&, const at::Tensor&, const CoreArgs&) {
-  TORCH_CHECK(false, "flashcos: the fused CUDA attention kernel is not implemented yet");
+void poison(at::Tensor& t) {
+  if (t.defined() && poison_outputs()) t.fill_(std::numeric_limits<double>::quiet_NaN());
 }
 
-bool fused_supports_head_dim(int64_t) { return false; }
+bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+fc::DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return fc::DType::kHalf;
+    case at::kBFloat16: return fc::DType::kBFloat16;
+    case at::kFloat: return fc::DType::kFloat;
+    case at::kDouble: return fc::DType::kDouble;
+    default:
+      TORCH_CHECK(false, "flashcos fused attention: dtype ", t,
+                  " is not supported; expected float16, bfloat16, float32 or float64");
+  }
+}
+
+// Accumulator / bias / l dtype of an input dtype.
+at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// A (.., L, D) operand as the kernels need it (see the header comment); copies only if needed.
+at::Tensor kernel_operand(const at::Tensor& t) {
+  if (t.stride(-1) != 1 && t.size(-1) > 1) return t.contiguous();
+  if (!is_16bit(t.scalar_type())) return t;
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) ok = ok && (t.stride(d) % 8 == 0 || t.size(d) == 1);
+  return ok ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+void check_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args) {
+  TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), where,
+              ": q, k, v must be CUDA tensors; use Backend::kTiled for CPU tensors");
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), where,
+              ": q, k, v must be on one device, got ", q.device(), ", ", k.device(), ", ", v.device());
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, where,
+              ": expected canonical 4-D q (B, H, I, D), k, v (B, Hkv, J, D)");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), where,
+              ": q, k, v must share one dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
+              v.scalar_type());
+  to_dtype(q.scalar_type());
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3);
+  const int64_t Hkv = k.size(1), J = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == J &&
+                  k.size(3) == D && v.size(3) == D,
+              where, ": k, v must be (B, Hkv, J, D) matching q ", q.sizes(), ", got k ", k.sizes(),
+              " and v ", v.sizes());
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, where, ": query heads ", H,
+              " must be a multiple of the key/value heads ", Hkv);
+  TORCH_CHECK(fused_supports_head_dim(D), where, ": head dim ", D,
+              " is not supported by the fused kernels (16, 32, 64, 80, 96, 128); use Backend::kTiled");
+  TORCH_CHECK(B <= 65535 && H <= 65535, where, ": B and H must be <= 65535 (grid limits)");
+  TORCH_CHECK(q.size(2) < (int64_t(1) << 31) && J < (int64_t(1) << 31), where, ": lengths must fit int32");
+  if (mask.defined()) {
+    TORCH_CHECK(mask.device() == q.device() && mask.scalar_type() == at::kBool && mask.dim() == 2 &&
+                    mask.size(0) == B && mask.size(1) == J,
+                where, ": mask must be a (B, J) = (", B, ", ", J, ") bool tensor on ", q.device(),
+                ", got ", mask.sizes(), " ", mask.scalar_type(), " on ", mask.device());
+  }
+  if (bias.defined()) {
+    const int64_t lead = args.bias_batch_dim ? B : H;
+    TORCH_CHECK(bias.device() == q.device() && bias.dim() == 3 && bias.size(0) == lead &&
+                    bias.size(1) == q.size(2) && bias.size(2) == J && at::isFloatingType(bias.scalar_type()),
+                where, ": bias must be a floating (", args.bias_batch_dim ? "B" : "H", ", I, J) = (", lead,
+                ", ", q.size(2), ", ", J, ") tensor on ", q.device(), ", got ", bias.sizes(), " ",
+                bias.scalar_type(), " on ", bias.device());
+  }
+  if (is_16bit(q.scalar_type())) {
+    const auto* prop = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(prop->major >= 8, where, ": fp16 / bf16 kernels need sm_80 or newer, this GPU is sm_",
+                prop->major, prop->minor, "; use float32 inputs or Backend::kTiled");
+  }
+}
+
+// Everything both directions share. `bias` is already in the accumulator dtype.
+void fill_common(fc::CommonParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args) {
+  p.dtype = to_dtype(q.scalar_type());
+  p.B = int(q.size(0));
+  p.H = int(q.size(1));
+  p.I = int(q.size(2));
+  p.D = int(q.size(3));
+  p.Hkv = int(k.size(1));
+  p.J = int(k.size(2));
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_b_stride = q.stride(0), p.q_h_stride = q.stride(1), p.q_i_stride = q.stride(2);
+  p.k_b_stride = k.stride(0), p.k_h_stride = k.stride(1), p.k_j_stride = k.stride(2);
+  p.v_b_stride = v.stride(0), p.v_h_stride = v.stride(1), p.v_j_stride = v.stride(2);
+  if (mask.defined()) {
+    p.mask = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());
+    p.mask_b_stride = mask.stride(0), p.mask_j_stride = mask.stride(1);
+  }
+  if (bias.defined()) {
+    p.bias = bias.data_ptr();
+    p.bias_batch_dim = args.bias_batch_dim;
+    p.bias_0_stride = bias.stride(0), p.bias_i_stride = bias.stride(1), p.bias_j_stride = bias.stride(2);
+  }
+  p.causal = args.causal;
+  p.exp_kind = args.exp_kind;
+  p.scale = float(args.scale);
+  p.scale_d = args.scale;
+}
+
+fc::FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
+                              const at::Tensor& o, const at::Tensor& l) {
+  fc::FwdParams p;
+  fill_common(p, q, k, v, mask, bias, args);
+  p.o = o.data_ptr();
+  p.o_b_stride = o.stride(0), p.o_h_stride = o.stride(1), p.o_i_stride = o.stride(2);
+  p.l = l.defined() ? l.data_ptr() : nullptr;
+  return p;
+}
+
+struct BwdBuffers {
+  at::Tensor delta, dq_accum, dq, dk, dv, dbias_accum;
+};
+
+fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& v, const at::Tensor& o, const at::Tensor& l,
+                              const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
+                              const BwdBuffers& buf) {
+  fc::BwdParams p;
+  fill_common(p, q, k, v, mask, bias, args);
+  p.o = o.data_ptr();
+  p.o_b_stride = o.stride(0), p.o_h_stride = o.stride(1), p.o_i_stride = o.stride(2);
+  p.dout = dout.data_ptr();
+  p.do_b_stride = dout.stride(0), p.do_h_stride = dout.stride(1), p.do_i_stride = dout.stride(2);
+  p.l = l.defined() ? l.data_ptr() : nullptr;
+  p.delta = buf.delta.defined() ? buf.delta.data_ptr() : nullptr;
+  p.dq_accum = buf.dq_accum.defined() ? buf.dq_accum.data_ptr() : nullptr;
+  p.dq = buf.dq_accum.defined() ? nullptr : buf.dq.data_ptr();
+  p.dk = buf.dk.data_ptr();
+  p.dv = buf.dv.data_ptr();
+  p.dbias_accum = buf.dbias_accum.defined() ? buf.dbias_accum.data_ptr() : nullptr;
+  return p;
+}
+
+}  // namespace
+
+ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                            const at::Tensor& mask, const at::Tensor& bias_in, const CoreArgs& args) {
+  check_inputs("flashcos fused_forward", q_in, k_in, v_in, mask, bias_in, args);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
+  const at::ScalarType acc = acc_dtype(q.scalar_type());
+  const at::Tensor bias = bias_in.defined() ? bias_in.to(acc) : bias_in;
+
+  const int64_t B = q.size(0), H = q.size(1), I = q.size(2), D = q.size(3);
+  at::Tensor o = at::empty({B, H, I, D}, q.options());          // (B, H, I, D)
+  at::Tensor l;
+  if (!args.exp_kind) l = at::empty({B, H, I}, q.options().dtype(acc));  // (B, H, I)
+  poison(o);
+  poison(l);
+  const fc::FwdParams p = make_fwd_params(q, k, v, mask, bias, args, o, l);
+  C10_CUDA_CHECK(fc::run_fwd(p, c10::cuda::getCurrentCUDAStream()));
+  return {o, l};
+}
+
+BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+                              const at::Tensor& v_in, const at::Tensor& o_in, const at::Tensor& l,
+                              const at::Tensor& mask, const at::Tensor& bias_in, const CoreArgs& args) {
+  const char* where = "flashcos fused_backward";
+  check_inputs(where, q_in, k_in, v_in, mask, bias_in, args);
+  TORCH_CHECK(dout_in.sizes() == q_in.sizes() && o_in.sizes() == q_in.sizes(), where,
+              ": dout and o must have q's shape ", q_in.sizes(), ", got ", dout_in.sizes(), " and ", o_in.sizes());
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
+  const at::Tensor dout = kernel_operand(dout_in.to(q.scalar_type()));
+  const at::Tensor o = kernel_operand(o_in);
+  const at::ScalarType acc = acc_dtype(q.scalar_type());
+  at::Tensor lc;
+  if (!args.exp_kind) {
+    TORCH_CHECK(l.defined() && l.sizes() == q.sizes().slice(0, 3), where,
+                ": the cosine kind needs l (B, H, I) from the forward");
+    lc = l.to(acc).contiguous();
+  }
+  const at::Tensor bias = bias_in.defined() ? bias_in.to(acc) : bias_in;
+
+  const int64_t B = q.size(0), H = q.size(1), I = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), J = k.size(2);
+  const auto acc_opts = q.options().dtype(acc);
+  BwdBuffers buf;
+  if (!args.exp_kind) buf.delta = at::empty({B, H, I}, acc_opts);
+  buf.dq = at::empty({B, H, I, D}, q.options());
+  if (is_16bit(q.scalar_type())) buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);
+  buf.dk = at::empty({B, Hkv, J, D}, q.options());
+  buf.dv = at::empty({B, Hkv, J, D}, q.options());
+  if (bias.defined()) buf.dbias_accum = at::zeros({bias.size(0), I, J}, acc_opts);
+  poison(buf.dq);
+  poison(buf.dk);
+  poison(buf.dv);
+
+  const fc::BwdParams p = make_bwd_params(dout, q, k, v, o, lc, mask, bias, args, buf);
+  C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
+
+  BackwardResult r;
+  if (buf.dq_accum.defined()) buf.dq.copy_(buf.dq_accum);
+  r.dq = buf.dq;
+  r.dk = buf.dk;
+  r.dv = buf.dv;
+  if (bias_in.defined()) {
+    r.dbias = at::empty(bias_in.sizes(), bias_in.options());
+    poison(r.dbias);
+    r.dbias.copy_(buf.dbias_accum);
+  }
+  return r;
+}
+
+bool fused_supports_head_dim(int64_t d) { return fc::supports_head_dim(int(d)); }
+
+#else  // no CUDA in this build
+
+ForwardResult fused_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const CoreArgs&) {
+  TORCH_CHECK(false, "flashcos: this build has no CUDA kernels (nvcc was not found at configure "
+                     "time); use Backend::kTiled or kPlain");
+}
+
+BackwardResult fused_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const CoreArgs&) {
+  TORCH_CHECK(false, "flashcos: this build has no CUDA kernels; use Backend::kTiled or kPlain");
+}
+
+bool fused_supports_head_dim(int64_t d) {
+  return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
+}
+
+#endif
 
 }  // namespace flashcos::detail

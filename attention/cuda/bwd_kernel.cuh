@@ -1,0 +1,341 @@
+// Backward of cosine-sim attention on tensor cores (sm_80+ mma.sync), fp16 / bf16 inputs.
+//
+// With P_ij = exp(logit_ij) / l_i (l = 1 for the exp kind), D_i = do_i . o_i (0 for exp):
+//   dV = P^T dO     dS = P o (dP - D), dP = dO V^T     dQ = scale dS K     dK = scale dS^T Q
+//   dbias = dS (summed over the broadcast dim by fp32 atomics)
+// FA2-style: one CTA owns kBN = 16 kWarps keys of one (b, kv head) and loops over every query
+// head of its group and every query block of kBM rows (Q, dO double-buffered by cp.async).
+// Each warp owns 16 keys and computes S^T = K Q^T and dP^T = V dO^T directly in the transposed
+// orientation, so P^T and dS^T are already the A operands of dV and dK (kept in registers).
+// dS^T goes through shared memory once for dQ = dS K, which is added to a zeroed fp32 buffer
+// with atomics (scale folded in). D_i comes from delta_kernel, run first.
+#pragma once
+
+#include "attention/cuda/mma.cuh"
+#include "attention/cuda/params.h"
+
+namespace flashcos::cuda {
+
+template <int D>
+struct BwdTile {
+  static constexpr int kWarps = 8;
+  static constexpr int kBN = 16 * kWarps;        // keys per CTA (16 per warp)
+  static constexpr int kBM = D <= 96 ? 64 : 32;  // query rows per step; d128: registers
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPitch = D + 8;
+  static constexpr int kPitchS = kBM + 8;     // dS^T tile (kBN, kBM)
+  static constexpr int kMTq = kBM / 16;       // m-tiles of dQ
+  static constexpr int kWq = kWarps / kMTq;   // warps sharing one dQ m-tile (split along D)
+  static constexpr int kNQ = D / 8 / kWq;     // n8 tiles of dQ per warp
+  static_assert((D / 8) % kWq == 0, "dQ tiles must split evenly over the warps");
+  static constexpr size_t smem_bytes(size_t elem) {
+    return (2 * size_t(kBN) * kPitch + 4 * size_t(kBM) * kPitch + size_t(kBN) * kPitchS) * elem +
+           4 * size_t(kBM) * sizeof(float);
+  }
+};
+
+// D_i = do_i . o_i in fp32 (one warp per row).
+template <typename T, typename Acc>
+__global__ void delta_kernel(const BwdParams p) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = int64_t(p.B) * p.H * p.I;
+  if (row >= rows) return;
+  const int i = int(row % p.I);
+  const int h = int((row / p.I) % p.H);
+  const int b = int(row / (int64_t(p.I) * p.H));
+  const T* o = static_cast<const T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(i) * p.o_i_stride;
+  const T* dout = static_cast<const T*>(p.dout) + b * p.do_b_stride + h * p.do_h_stride +
+                  int64_t(i) * p.do_i_stride;
+  Acc acc = 0;
+  for (int d = lane; d < p.D; d += 32) acc += Acc(o[d]) * Acc(dout[d]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) static_cast<Acc*>(p.delta)[row] = acc;
+}
+
+template <typename T, typename Acc>
+cudaError_t launch_delta(const BwdParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.B) * p.H * p.I;
+  delta_kernel<T, Acc><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdTile<D>::kThreads)
+    bwd_kernel(const BwdParams p) {
+  using Tile = BwdTile<D>;
+  constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kThreads = Tile::kThreads;
+  constexpr int kPitch = Tile::kPitch, kPitchS = Tile::kPitchS;
+  constexpr int kKT = D / 16;   // k-steps of K Q^T and V dO^T
+  constexpr int kMT8 = kBM / 8; // n8 tiles of S^T (query columns)
+  constexpr int kDT = D / 8;    // n8 tiles of dK, dV
+  constexpr int kMTq = Tile::kMTq, kNQ = Tile::kNQ;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);  // (kBN, kPitch)
+  T* sV = sK + kBN * kPitch;               // (kBN, kPitch)
+  T* sQ = sV + kBN * kPitch;               // (2, kBM, kPitch)
+  T* sdO = sQ + 2 * kBM * kPitch;          // (2, kBM, kPitch)
+  T* sdS = sdO + 2 * kBM * kPitch;         // (kBN, kPitchS): dS^T
+  float* sInvL = reinterpret_cast<float*>(sdS + kBN * kPitchS);  // (2, kBM): 1 / l, 0 off range
+  float* sDelta = sInvL + 2 * kBM;                                 // (2, kBM)
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n_block = blockIdx.x;  // low key blocks see the most causal queries: first
+  const int hkv = blockIdx.y, b = blockIdx.z;
+  const int group = p.H / p.Hkv;
+  const int I = p.I, J = p.J, H = p.H;
+  const int diag = J - I;
+  const int n0 = n_block * kBN;
+
+  const T* gK = static_cast<const T*>(p.k) + b * p.k_b_stride + hkv * p.k_h_stride;  // (J, D)
+  const T* gV = static_cast<const T*>(p.v) + b * p.v_b_stride + hkv * p.v_h_stride;  // (J, D)
+
+  const int m_blocks = (I + kBM - 1) / kBM;
+  const int m_start = p.causal ? max(0, n0 - diag) / kBM : 0;
+  const int per_head = max(0, m_blocks - m_start);
+  const int n_iters = group * per_head;
+
+  const float scale_log2 = p.scale * kLog2e;
+  const float offset_log2 = p.exp_kind ? 0.f : -scale_log2;
+  const bool has_mask = p.mask != nullptr, has_bias = p.bias != nullptr;
+  const float* gL = static_cast<const float*>(p.l);
+  const float* gDelta = static_cast<const float*>(p.delta);
+
+  // This thread's two key rows: c = n0 + warp * 16 + g + 8 e0.
+  bool key_ok[2];
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    const int c = n0 + warp * 16 + g + 8 * e0;
+    key_ok[e0] = c < J && (!has_mask || p.mask[b * p.mask_b_stride + c * p.mask_j_stride]);
+  }
+
+  // Issues the loads of iteration `it` into `stage`: Q, dO by cp.async, 1/l and D_i directly.
+  auto load_step = [&](int it, int stage) {
+    const int h = hkv * group + it / per_head;
+    const int m0 = (m_start + it % per_head) * kBM;
+    const T* gQ = static_cast<const T*>(p.q) + b * p.q_b_stride + h * p.q_h_stride;
+    const T* gdO = static_cast<const T*>(p.dout) + b * p.do_b_stride + h * p.do_h_stride;
+    load_tile_async<kBM, D, kThreads>(sQ + stage * kBM * kPitch, gQ + int64_t(m0) * p.q_i_stride,
+                                      p.q_i_stride, I - m0, gQ, tid);
+    load_tile_async<kBM, D, kThreads>(sdO + stage * kBM * kPitch,
+                                      gdO + int64_t(m0) * p.do_i_stride, p.do_i_stride, I - m0,
+                                      gdO, tid);
+    if (tid < kBM) {
+      const int r = m0 + tid;
+      float inv_l = 0.f, delta = 0.f;
+      if (r < I) {
+        const int64_t row = (int64_t(b) * H + h) * I + r;
+        if (p.exp_kind) {
+          inv_l = 1.f;
+        } else {
+          const float l = gL[row];
+          inv_l = l > 0.f ? 1.f / l : 0.f;
+          delta = gDelta[row];
+        }
+      }
+      sInvL[stage * kBM + tid] = inv_l;
+      sDelta[stage * kBM + tid] = delta;
+    }
+  };
+
+  load_tile_async<kBN, D, kThreads>(sK, gK + int64_t(n0) * p.k_j_stride, p.k_j_stride, J - n0, gK, tid);
+  load_tile_async<kBN, D, kThreads>(sV, gV + int64_t(n0) * p.v_j_stride, p.v_j_stride, J - n0, gV, tid);
+  if (n_iters > 0) load_step(0, 0);
+  cp_async_commit();
+
+  float rdK[kDT][4], rdV[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) rdK[dt][e] = rdV[dt][e] = 0.f;
+
+  const T* sKw = sK + warp * 16 * kPitch;  // this warp's 16 keys
+  const T* sVw = sV + warp * 16 * kPitch;
+
+  for (int it = 0; it < n_iters; ++it) {
+    const int stage = it & 1;
+    const int h = hkv * group + it / per_head;
+    const int m0 = (m_start + it % per_head) * kBM;
+    if (it + 1 < n_iters) {
+      load_step(it + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* sQs = sQ + stage * kBM * kPitch;
+    const T* sdOs = sdO + stage * kBM * kPitch;
+    const float* sInvLs = sInvL + stage * kBM;
+    const float* sDeltas = sDelta + stage * kBM;
+
+    // S^T = K Q^T and dP^T = V dO^T, (16 keys, kBM queries) per warp.
+    float rS[kMT8][4], rdP[kMT8][4];
+#pragma unroll
+    for (int nt = 0; nt < kMT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rS[nt][e] = rdP[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      uint32_t rK[4], rV[4];
+      ldmatrix_x4(rK, sKw + (lane % 16) * kPitch + kk * 16 + (lane / 16) * 8);
+      ldmatrix_x4(rV, sVw + (lane % 16) * kPitch + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < kMT8 / 2; ++np) {
+        const int off = (np * 16 + lane % 8 + (lane / 16) * 8) * kPitch + kk * 16 + ((lane / 8) % 2) * 8;
+        uint32_t rQ[4], rdO[4];
+        ldmatrix_x4(rQ, sQs + off);
+        ldmatrix_x4(rdO, sdOs + off);
+        mma_16816<T>(rS[2 * np], rK, rQ[0], rQ[1]);
+        mma_16816<T>(rS[2 * np + 1], rK, rQ[2], rQ[3]);
+        mma_16816<T>(rdP[2 * np], rV, rdO[0], rdO[1]);
+        mma_16816<T>(rdP[2 * np + 1], rV, rdO[2], rdO[3]);
+      }
+    }
+
+    // P^T, dS^T in place of S^T, dP^T.
+    const bool elementwise = has_mask || has_bias || (p.causal && n0 + kBN - 1 > m0 + diag);
+    const float* gBias = nullptr;
+    float* gdBias = nullptr;
+    if (has_bias) {
+      const int lead = p.bias_batch_dim ? b : h;
+      gBias = static_cast<const float*>(p.bias) + lead * p.bias_0_stride;
+      gdBias = static_cast<float*>(p.dbias_accum) + int64_t(lead) * I * J;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kMT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int e0 = e / 2;
+        const int rl = nt * 8 + 2 * t + (e % 2);  // query row within the block
+        float x = fmaf(rS[nt][e], scale_log2, offset_log2);
+        bool ok = true;
+        if (elementwise) {
+          const int c = n0 + warp * 16 + g + 8 * e0;
+          const int r = m0 + rl;
+          ok = key_ok[e0] && r < I && (!p.causal || c <= r + diag);
+          if (has_bias && ok) x = fmaf(gBias[r * p.bias_i_stride + c * p.bias_j_stride], kLog2e, x);
+        }
+        const float pe = ok ? fast_exp2(x) * sInvLs[rl] : 0.f;
+        const float ds = pe * (rdP[nt][e] - sDeltas[rl]);
+        rS[nt][e] = pe;
+        rdP[nt][e] = ds;
+        if (has_bias && ok) {
+          const int c = n0 + warp * 16 + g + 8 * e0;
+          atomicAdd(gdBias + int64_t(m0 + rl) * J + c, ds);
+        }
+      }
+
+    // dV += P^T dO, dK += dS^T Q (k = the kBM query rows); dS^T -> shared memory for dQ.
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      uint32_t rP[4], rdS[4];
+      rP[0] = pack2<T>(rS[2 * kk][0], rS[2 * kk][1]);
+      rP[1] = pack2<T>(rS[2 * kk][2], rS[2 * kk][3]);
+      rP[2] = pack2<T>(rS[2 * kk + 1][0], rS[2 * kk + 1][1]);
+      rP[3] = pack2<T>(rS[2 * kk + 1][2], rS[2 * kk + 1][3]);
+      rdS[0] = pack2<T>(rdP[2 * kk][0], rdP[2 * kk][1]);
+      rdS[1] = pack2<T>(rdP[2 * kk][2], rdP[2 * kk][3]);
+      rdS[2] = pack2<T>(rdP[2 * kk + 1][0], rdP[2 * kk + 1][1]);
+      rdS[3] = pack2<T>(rdP[2 * kk + 1][2], rdP[2 * kk + 1][3]);
+      T* sdSw = sdS + (warp * 16 + g) * kPitchS + kk * 16 + 2 * t;
+      *reinterpret_cast<uint32_t*>(sdSw) = rdS[0];
+      *reinterpret_cast<uint32_t*>(sdSw + 8 * kPitchS) = rdS[1];
+      *reinterpret_cast<uint32_t*>(sdSw + 8) = rdS[2];
+      *reinterpret_cast<uint32_t*>(sdSw + 8 * kPitchS + 8) = rdS[3];
+#pragma unroll
+      for (int np = 0; np < kDT / 2; ++np) {
+        const int off = (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kPitch + np * 16 + (lane / 16) * 8;
+        uint32_t rdO[4], rQ[4];
+        ldmatrix_x4_trans(rdO, sdOs + off);
+        ldmatrix_x4_trans(rQ, sQs + off);
+        mma_16816<T>(rdV[2 * np], rP, rdO[0], rdO[1]);
+        mma_16816<T>(rdV[2 * np + 1], rP, rdO[2], rdO[3]);
+        mma_16816<T>(rdK[2 * np], rdS, rQ[0], rQ[1]);
+        mma_16816<T>(rdK[2 * np + 1], rdS, rQ[2], rQ[3]);
+      }
+    }
+    __syncthreads();
+
+    // dQ (kBM, D) += dS K: warp -> m-tile warp % kMTq, columns d0 .. d0 + 8 kNQ.
+    {
+      const int mq = warp % kMTq;
+      const int d0 = (warp / kMTq) * kNQ * 8;
+      float rdQ[kNQ][4];
+#pragma unroll
+      for (int i = 0; i < kNQ; ++i) rdQ[i][0] = rdQ[i][1] = rdQ[i][2] = rdQ[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        uint32_t rA[4];
+        ldmatrix_x4_trans(rA, sdS + (kk * 16 + lane % 8 + (lane / 16) * 8) * kPitchS + mq * 16 +
+                                  ((lane / 8) % 2) * 8);
+        const T* sKk = sK + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kPitch + d0;
+#pragma unroll
+        for (int np = 0; np < kNQ / 2; ++np) {
+          uint32_t rB[4];
+          ldmatrix_x4_trans(rB, sKk + np * 16 + (lane / 16) * 8);
+          mma_16816<T>(rdQ[2 * np], rA, rB[0], rB[1]);
+          mma_16816<T>(rdQ[2 * np + 1], rA, rB[2], rB[3]);
+        }
+        if constexpr (kNQ % 2 == 1) {
+          uint32_t rB[2];
+          ldmatrix_x2_trans(rB, sKk + (kNQ - 1) * 8);
+          mma_16816<T>(rdQ[kNQ - 1], rA, rB[0], rB[1]);
+        }
+      }
+      float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+#pragma unroll
+      for (int e0 = 0; e0 < 2; ++e0) {
+        const int r = m0 + mq * 16 + g + 8 * e0;
+        if (r >= I) continue;
+#pragma unroll
+        for (int i = 0; i < kNQ; ++i) {
+          float* dst = gdQ + int64_t(r) * D + d0 + i * 8 + 2 * t;
+          atomicAdd(dst, rdQ[i][2 * e0] * p.scale);
+          atomicAdd(dst + 1, rdQ[i][2 * e0 + 1] * p.scale);
+        }
+      }
+    }
+  }
+
+  // dK = scale dS^T Q, dV: (B, Hkv, J, D) contiguous.
+  const int64_t kv_base = (int64_t(b) * p.Hkv + hkv) * J;
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    const int c = n0 + warp * 16 + g + 8 * e0;
+    if (c >= J) continue;
+    T* gdK = static_cast<T*>(p.dk) + (kv_base + c) * D;
+    T* gdV = static_cast<T*>(p.dv) + (kv_base + c) * D;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
+          pack2<T>(rdK[dt][2 * e0] * p.scale, rdK[dt][2 * e0 + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) =
+          pack2<T>(rdV[dt][2 * e0], rdV[dt][2 * e0 + 1]);
+    }
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  using Tile = BwdTile<D>;
+  if (!p.exp_kind) {
+    const cudaError_t err = launch_delta<T, float>(p, stream);
+    if (err != cudaSuccess) return err;
+  }
+  const size_t smem = Tile::smem_bytes(sizeof(T));
+  auto kernel = bwd_kernel<T, D>;
+  if (smem > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
+  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashcos::cuda

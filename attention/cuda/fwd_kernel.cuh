@@ -1,0 +1,233 @@
+// Forward of cosine-sim attention on tensor cores (sm_80+ mma.sync), fp16 / bf16 inputs.
+//
+//   S = Q K^T (fp32)   P = exp2(S scale log2e + offset + bias log2e)   l = rowsum(P)   O = P V / l
+// offset = -scale log2e for the cosine kind (every logit <= bias, so no running row max and no
+// rescaling of O), 0 for the exp kind (no l). Masked / non-causal / out-of-range keys give P = 0;
+// a row with nothing to attend has l = 0 and writes o = 0.
+//
+// One CTA owns kBM = 16 kMT kWarps query rows of one (b, h) and streams K, V tiles of kBN keys
+// through a two-stage cp.async pipeline. Each warp keeps its Q rows (rQ), S (rS) and O (rO) in
+// registers; P never leaves registers (the S accumulator is repacked as the A operand of P V).
+#pragma once
+
+#include "attention/cuda/mma.cuh"
+#include "attention/cuda/params.h"
+
+namespace flashcos::cuda {
+
+// Tile shapes per head dim (H100, b4 h8 n8192 bf16; see docs/kernels.md for the measurements).
+template <int D>
+struct FwdTile {
+  static constexpr int kWarps = D <= 64 ? 4 : 8;
+  static constexpr int kMT = 1;   // 16-row m-tiles per warp; 2 at d64 needs 255 registers + spills
+  static constexpr int kBN = 64;  // keys per pipeline stage
+  static constexpr int kBM = 16 * kMT * kWarps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPitch = D + 8;
+  static constexpr size_t smem_bytes(size_t elem) {
+    return (size_t(kBM) + 4 * kBN) * kPitch * elem;
+  }
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(FwdTile<D>::kThreads)
+    fwd_kernel(const FwdParams p) {
+  using Tile = FwdTile<D>;
+  constexpr int kMT = Tile::kMT, kBN = Tile::kBN, kBM = Tile::kBM;
+  constexpr int kThreads = Tile::kThreads, kPitch = Tile::kPitch;
+  constexpr int kKT = D / 16;   // k-steps of Q K^T
+  constexpr int kNT = kBN / 8;  // n8 tiles of S
+  constexpr int kDT = D / 8;    // n8 tiles of O
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // (kBM, kPitch)
+  T* sK = sQ + kBM * kPitch;               // (2, kBN, kPitch)
+  T* sV = sK + 2 * kBN * kPitch;           // (2, kBN, kPitch)
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hkv = h / (p.H / p.Hkv);
+  const int I = p.I, J = p.J;
+  const int diag = J - I;  // causal: query r sees keys c <= r + diag
+  const int m0 = m_block * kBM;
+  const int warp_row0 = m0 + warp * kMT * 16;
+
+  const T* gQ = static_cast<const T*>(p.q) + b * p.q_b_stride + h * p.q_h_stride;  // (I, D)
+  const T* gK = static_cast<const T*>(p.k) + b * p.k_b_stride + hkv * p.k_h_stride;  // (J, D)
+  const T* gV = static_cast<const T*>(p.v) + b * p.v_b_stride + hkv * p.v_h_stride;  // (J, D)
+
+  const int n_end = p.causal ? min(J, m0 + kBM + diag) : J;
+  const int n_blocks = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+
+  load_tile_async<kBM, D, kThreads>(sQ, gQ + int64_t(m0) * p.q_i_stride, p.q_i_stride, I - m0,
+                                    gQ, tid);
+  if (n_blocks > 0) {
+    load_tile_async<kBN, D, kThreads>(sK, gK, p.k_j_stride, J, gK, tid);
+    load_tile_async<kBN, D, kThreads>(sV, gV, p.v_j_stride, J, gV, tid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  uint32_t rQ[kMT][kKT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk)
+      ldmatrix_x4(rQ[mt][kk],
+                  sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kPitch + kk * 16 + (lane / 16) * 8);
+
+  float rO[kMT][kDT][4];
+  float rL[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    rL[mt][0] = rL[mt][1] = 0.f;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) rO[mt][dt][0] = rO[mt][dt][1] = rO[mt][dt][2] = rO[mt][dt][3] = 0.f;
+  }
+
+  const float scale_log2 = p.scale * kLog2e;
+  const float offset_log2 = p.exp_kind ? 0.f : -scale_log2;
+  const bool has_mask = p.mask != nullptr, has_bias = p.bias != nullptr;
+  const float* gBias = nullptr;  // (I, J) slice of this (b, h)
+  if (has_bias)
+    gBias = static_cast<const float*>(p.bias) + (p.bias_batch_dim ? b : h) * p.bias_0_stride;
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_blocks) {
+      const int n1 = (j + 1) * kBN;
+      T* sK1 = sK + (stage ^ 1) * kBN * kPitch;
+      T* sV1 = sV + (stage ^ 1) * kBN * kPitch;
+      load_tile_async<kBN, D, kThreads>(sK1, gK + int64_t(n1) * p.k_j_stride, p.k_j_stride,
+                                        J - n1, gK, tid);
+      load_tile_async<kBN, D, kThreads>(sV1, gV + int64_t(n1) * p.v_j_stride, p.v_j_stride,
+                                        J - n1, gV, tid);
+      cp_async_commit();
+    }
+    const T* sKs = sK + stage * kBN * kPitch;
+    const T* sVs = sV + stage * kBN * kPitch;
+
+    // S = Q K^T
+    float rS[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) rS[mt][nt][0] = rS[mt][nt][1] = rS[mt][nt][2] = rS[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t rK[4];
+        ldmatrix_x4(rK, sKs + (np * 16 + lane % 8 + (lane / 16) * 8) * kPitch + kk * 16 +
+                            ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(rS[mt][2 * np], rQ[mt][kk], rK[0], rK[1]);
+          mma_16816<T>(rS[mt][2 * np + 1], rQ[mt][kk], rK[2], rK[3]);
+        }
+      }
+    }
+
+    // P = exp2(...), row sums
+    const int n0 = j * kBN;
+    const bool elementwise = has_mask || has_bias || n0 + kBN > J ||
+                             (p.causal && n0 + kBN - 1 > m0 + diag);
+    if (!elementwise) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float pe = fast_exp2(fmaf(rS[mt][nt][e], scale_log2, offset_log2));
+            rS[mt][nt][e] = pe;
+            rL[mt][e / 2] += pe;
+          }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+          const int c = n0 + nt * 8 + 2 * t + e1;
+          const bool key_ok = c < J && (!has_mask || p.mask[b * p.mask_b_stride + c * p.mask_j_stride]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int e0 = 0; e0 < 2; ++e0) {
+              const int r = warp_row0 + mt * 16 + g + 8 * e0;
+              const bool ok = key_ok && r < I && (!p.causal || c <= r + diag);
+              float x = fmaf(rS[mt][nt][2 * e0 + e1], scale_log2, offset_log2);
+              if (has_bias && ok) x = fmaf(gBias[r * p.bias_i_stride + c * p.bias_j_stride], kLog2e, x);
+              const float pe = ok ? fast_exp2(x) : 0.f;
+              rS[mt][nt][2 * e0 + e1] = pe;
+              rL[mt][e0] += pe;
+            }
+        }
+    }
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      uint32_t rP[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        rP[mt][0] = pack2<T>(rS[mt][2 * kk][0], rS[mt][2 * kk][1]);
+        rP[mt][1] = pack2<T>(rS[mt][2 * kk][2], rS[mt][2 * kk][3]);
+        rP[mt][2] = pack2<T>(rS[mt][2 * kk + 1][0], rS[mt][2 * kk + 1][1]);
+        rP[mt][3] = pack2<T>(rS[mt][2 * kk + 1][2], rS[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < kDT / 2; ++np) {
+        uint32_t rV[4];
+        ldmatrix_x4_trans(rV, sVs + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kPitch +
+                                  np * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(rO[mt][2 * np], rP[mt], rV[0], rV[1]);
+          mma_16816<T>(rO[mt][2 * np + 1], rP[mt], rV[2], rV[3]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+
+  // O / l, written straight from the accumulators (pairs of elements).
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int e0 = 0; e0 < 2; ++e0) {
+      float l = rL[mt][e0];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = warp_row0 + mt * 16 + g + 8 * e0;
+      if (r >= I) continue;
+      const float inv = p.exp_kind ? 1.f : (l > 0.f ? 1.f / l : 0.f);
+      T* gO = static_cast<T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(r) * p.o_i_stride;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+        *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
+            pack2<T>(rO[mt][dt][2 * e0] * inv, rO[mt][dt][2 * e0 + 1] * inv);
+      if (t == 0 && p.l != nullptr) static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * I + r] = l;
+    }
+}
+
+template <typename T, int D>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  using Tile = FwdTile<D>;
+  const size_t smem = Tile::smem_bytes(sizeof(T));
+  auto kernel = fwd_kernel<T, D>;
+  if (smem > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
+  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashcos::cuda

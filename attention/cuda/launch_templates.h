@@ -1,0 +1,22 @@
+// Declarations of the per-(dtype, head dim) launchers. Their definitions live in the kernel
+// headers and are instantiated once each in the files kernels.cmake generates, so that the
+// instances compile in parallel and launch.cu stays small.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attention/cuda/params.h"
+
+namespace flashcos::cuda {
+
+template <typename T, int D>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);  // fwd_kernel.cuh
+template <typename T, int D>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);  // bwd_kernel.cuh
+template <typename T, int D>
+cudaError_t launch_simt_fwd(const FwdParams& p, cudaStream_t stream);  // simt_kernels.cuh
+template <typename T, int D>
+cudaError_t launch_simt_bwd(const BwdParams& p, cudaStream_t stream);  // simt_kernels.cuh
+
+}  // namespace flashcos::cuda

@@ -1,0 +1,76 @@
+// Torch-free parameters of the fused cosine-sim attention kernels, one struct per direction.
+//
+// attention/cuda_ops.cpp fills them from tensors in exactly one function each; the kernels see
+// only raw pointers, element strides and a stream. Vocabulary (attention/README.md):
+//   B batch, H query heads, Hkv key/value heads (H % Hkv == 0), I queries, J keys, D head dim.
+// Every tensor's last dim is contiguous; the other strides are given in elements.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashcos::cuda {
+
+enum class DType { kHalf, kBFloat16, kFloat, kDouble };
+
+// What the forward and the backward share: inputs, sizes, semantics.
+struct CommonParams {
+  DType dtype = DType::kBFloat16;
+  int B = 0, H = 0, Hkv = 0, I = 0, J = 0, D = 0;
+
+  const void* q = nullptr;  // (B, H, I, D)
+  const void* k = nullptr;  // (B, Hkv, J, D)
+  const void* v = nullptr;  // (B, Hkv, J, D)
+  int64_t q_b_stride = 0, q_h_stride = 0, q_i_stride = 0;
+  int64_t k_b_stride = 0, k_h_stride = 0, k_j_stride = 0;
+  int64_t v_b_stride = 0, v_h_stride = 0, v_j_stride = 0;
+
+  const uint8_t* mask = nullptr;  // (B, J) bool, true = attend; nullptr = no mask
+  int64_t mask_b_stride = 0, mask_j_stride = 0;
+
+  // (H, I, J), or (B, I, J) with bias_batch_dim; float for 16/32-bit inputs, double for double.
+  const void* bias = nullptr;
+  bool bias_batch_dim = false;
+  int64_t bias_0_stride = 0, bias_i_stride = 0, bias_j_stride = 0;
+
+  bool causal = false;    // bottom-right aligned: query r sees keys 0 .. r + J - I
+  bool exp_kind = false;  // P = exp(scale q.k + bias), o = P v, no l
+  float scale = 10.f;
+  double scale_d = 10.0;  // the same scale for the double kernels
+};
+
+struct FwdParams : CommonParams {
+  void* o = nullptr;  // (B, H, I, D), strides below
+  int64_t o_b_stride = 0, o_h_stride = 0, o_i_stride = 0;
+  void* l = nullptr;  // (B, H, I) contiguous row sums (float; double for double); nullptr for exp
+};
+
+struct BwdParams : CommonParams {
+  const void* o = nullptr;   // (B, H, I, D) forward output
+  const void* dout = nullptr;  // (B, H, I, D)
+  int64_t o_b_stride = 0, o_h_stride = 0, o_i_stride = 0;
+  int64_t do_b_stride = 0, do_h_stride = 0, do_i_stride = 0;
+  const void* l = nullptr;  // (B, H, I) contiguous; nullptr for exp
+
+  // Scratch, (B, H, I) contiguous accumulator type: D_i = do_i . o_i (cosine kind only).
+  void* delta = nullptr;
+
+  // dq: the 16-bit kernels add into dq_accum (B, H, I, D) float, contiguous, zeroed by the
+  // caller, already multiplied by scale; the fp32/fp64 kernels write dq directly.
+  void* dq_accum = nullptr;
+  void* dq = nullptr;  // (B, H, I, D) contiguous, fp32/fp64 kernels only
+  void* dk = nullptr;  // (B, Hkv, J, D) contiguous
+  void* dv = nullptr;  // (B, Hkv, J, D) contiguous
+  // (H or B, I, J) contiguous accumulator type, zeroed by the caller; nullptr without bias.
+  void* dbias_accum = nullptr;
+};
+
+// The launchers (attention/cuda/launch.cu). They pick the kernel family for the device
+// (today: the sm_80 mma.sync family for 16-bit inputs, SIMT for fp32/fp64) and return the first
+// CUDA error, for the caller to check.
+bool supports_head_dim(int d);
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+
+}  // namespace flashcos::cuda
