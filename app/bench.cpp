@@ -109,7 +109,7 @@ struct DtypeSpec {
 
 const std::vector<std::string>& all_impl_names() {
   static const std::vector<std::string> names = {
-      "plain",     "tiled",        "fused",          "sdpa-flash",      "sdpa-cudnn",
+      "plain",          "tiled",     "fused",        "sdpa-flash",      "sdpa-cudnn",
       "sdpa-efficient", "sdpa-math", "fastmax-cuda", "fastmax-chunked", "fastmax-ref"};
   return names;
 }
@@ -125,9 +125,9 @@ struct BenchConfig {
   std::vector<int64_t> seq_lens;
   std::string attention = "cosine";  // cosine | exp | fastmax
   FastmaxOptions fastmax;            // --attention fastmax: p, normalize, lim, temperature, chunk
-  std::vector<std::string> impls;  // empty: every implementation available here
-  std::string kernel = "auto";     // the seed table's "kernel" column
-  std::string baseline = "plain";  // the seed table's "baseline" column
+  std::vector<std::string> impls;    // empty: every implementation available here
+  std::string kernel = "auto";       // the seed table's "kernel" column
+  std::string baseline = "plain";    // the seed table's "baseline" column
   int warmup = 5;
   int iters = 30;
   double budget_s = 2.0;  // per implementation x pass x config: fewer iterations when slow
@@ -183,8 +183,8 @@ int64_t parse_int(const std::string& option, const std::string& text, int64_t mi
     throw UsageError("--" + option + " '" + text + "': expected an integer");
   }
   if (value < min_value) {
-    throw UsageError("--" + option + " " + text + ": expected an integer >= " +
-                     std::to_string(min_value));
+    throw UsageError("--" + option + " " + text +
+                     ": expected an integer >= " + std::to_string(min_value));
   }
   return value;
 }
@@ -206,12 +206,14 @@ double parse_double(const std::string& option, const std::string& text) {
 std::vector<int64_t> parse_int_list(const std::string& option, const std::string& text,
                                     int64_t min_value) {
   std::vector<int64_t> out;
-  for (const auto& item : split_list(option, text)) out.push_back(parse_int(option, item, min_value));
+  for (const auto& item : split_list(option, text))
+    out.push_back(parse_int(option, item, min_value));
   return out;
 }
 
 DtypeSpec parse_dtype(const std::string& text) {
-  if (text == "fp32" || text == "float32" || text == "float") return {"fp32", "float32", at::kFloat};
+  if (text == "fp32" || text == "float32" || text == "float")
+    return {"fp32", "float32", at::kFloat};
   if (text == "fp16" || text == "float16" || text == "half") return {"fp16", "float16", at::kHalf};
   if (text == "bf16" || text == "bfloat16") return {"bf16", "bfloat16", at::kBFloat16};
   throw UsageError("--dtype '" + text + "': expected fp32, fp16 or bf16 (or a comma list of them)");
@@ -223,54 +225,46 @@ cxxopts::Options make_options() {
                            "timed iterations after warm-up) and prints the seed's table plus ms, "
                            "TFLOP/s and peak memory of every implementation.");
   // Every value is read as text and parsed here, so an error names the option it came from.
+  const auto text = [](const char* value) {
+    return cxxopts::value<std::string>()->default_value(value);
+  };
+  // clang-format off
   options.add_options("shape")
-      ("batch", "batch size B", cxxopts::value<std::string>()->default_value("4"))
-      ("heads", "attention heads H", cxxopts::value<std::string>()->default_value("8"))
-      ("dim-head", "head dim D, or a comma list (64,128)",
-       cxxopts::value<std::string>()->default_value("64"))
-      ("seq-lens", "sequence lengths I = J, comma list",
-       cxxopts::value<std::string>()->default_value("1024,2048,4096,8192"))
-      ("dtype", "fp32 | fp16 | bf16, or a comma list (default bf16 on cuda, fp32 on cpu)",
-       cxxopts::value<std::string>()->default_value(""));
+      ("batch", "batch size B", text("4"))
+      ("heads", "attention heads H", text("8"))
+      ("dim-head", "head dim D, or a comma list (64,128)", text("64"))
+      ("seq-lens", "sequence lengths I = J, comma list", text("1024,2048,4096,8192"))
+      ("dtype", "fp32 | fp16 | bf16, or a comma list (default bf16 on cuda, fp32 on cpu)", text(""));
   options.add_options("attention")
       ("attention", "cosine | exp (the unnormalised variant) | fastmax (linear; the cosine "
-                    "implementations run beside it for comparison)",
-       cxxopts::value<std::string>()->default_value("cosine"))
+                    "implementations run beside it for comparison)", text("cosine"))
       ("causal", "causal (autoregressive) attention")
-      ("mask-prob", "probability that a key is masked out (key mask (B, J)), in [0, 1)",
-       cxxopts::value<std::string>()->default_value("0"))
-      ("scale", "attention scale", cxxopts::value<std::string>()->default_value("10"))
+      ("mask-prob", "probability that a key is masked out (key mask (B, J)), in [0, 1)", text("0"))
+      ("scale", "attention scale", text("10"))
       ("include-l2norm", "time the l2 normalisation of q and k too (default: outside the timing)")
-      ("fastmax-p", "fastmax polynomial order 1 | 2", cxxopts::value<std::string>()->default_value("2"))
+      ("fastmax-p", "fastmax polynomial order 1 | 2", text("2"))
       ("fastmax-normalize", "fastmax: rescale q, k per token to norm --fastmax-lim")
-      ("fastmax-lim", "fastmax normalize radius", cxxopts::value<std::string>()->default_value("1"))
-      ("fastmax-temperature", "fastmax temperature",
-       cxxopts::value<std::string>()->default_value("1"))
-      ("fastmax-chunk-size", "fastmax causal scan chunk",
-       cxxopts::value<std::string>()->default_value("256"));
+      ("fastmax-lim", "fastmax normalize radius", text("1"))
+      ("fastmax-temperature", "fastmax temperature", text("1"))
+      ("fastmax-chunk-size", "fastmax causal scan chunk", text("256"));
   options.add_options("what to time")
       ("impls", "comma list restricting the implementations: plain, tiled, fused, sdpa-flash, "
                 "sdpa-cudnn, sdpa-efficient, sdpa-math; with --attention fastmax also "
-                "fastmax-cuda, fastmax-chunked, fastmax-ref (default: all available here)",
-       cxxopts::value<std::string>()->default_value(""))
+                "fastmax-cuda, fastmax-chunked, fastmax-ref (default: all available here)", text(""))
       ("only-forwards", "time the forward pass only")
       ("only-backwards", "time the backward pass only")
       ("kernel", "the seed table's kernel column (default auto: fused where it runs, else tiled; "
-                 "fastmax: fastmax-cuda, else fastmax-chunked)",
-       cxxopts::value<std::string>()->default_value("auto"))
-      ("baseline", "the seed table's baseline column",
-       cxxopts::value<std::string>()->default_value("plain"))
-      ("warmup", "warm-up iterations", cxxopts::value<std::string>()->default_value("5"))
-      ("iters", "timed iterations (the median is reported)",
-       cxxopts::value<std::string>()->default_value("30"))
+                 "fastmax: fastmax-cuda, else fastmax-chunked)", text("auto"))
+      ("baseline", "the seed table's baseline column", text("plain"))
+      ("warmup", "warm-up iterations", text("5"))
+      ("iters", "timed iterations (the median is reported)", text("30"))
       ("budget", "seconds per implementation x pass x length; fewer iterations (at least 3) when "
-                 "one is slow", cxxopts::value<std::string>()->default_value("2"))
-      ("device", "cuda | cpu (default cuda when available)",
-       cxxopts::value<std::string>()->default_value(""))
-      ("seed", "seed of the random inputs", cxxopts::value<std::string>()->default_value("0"))
-      ("json", "write every measurement to this JSON file",
-       cxxopts::value<std::string>()->default_value(""))
+                 "one is slow", text("2"))
+      ("device", "cuda | cpu (default cuda when available)", text(""))
+      ("seed", "seed of the random inputs", text("0"))
+      ("json", "write every measurement to this JSON file", text(""))
       ("h,help", "print this help");
+  // clang-format on
   return options;
 }
 
@@ -285,7 +279,8 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   const std::string device = r["device"].as<std::string>();
   if (device == "cuda") {
     if (!torch::cuda::is_available()) {
-      throw UsageError("--device cuda: no CUDA device is available to this libtorch; use --device cpu");
+      throw UsageError(
+          "--device cuda: no CUDA device is available to this libtorch; use --device cpu");
     }
     cfg.cuda = true;
   } else if (device == "cpu") {
@@ -336,8 +331,9 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   const bool only_fwd = r["only-forwards"].as<bool>();
   const bool only_bwd = r["only-backwards"].as<bool>();
   if (only_fwd && only_bwd) {
-    throw UsageError("--only-forwards and --only-backwards exclude each other; give at most one "
-                     "(neither times fwd, bwd and fwd+bwd)");
+    throw UsageError(
+        "--only-forwards and --only-backwards exclude each other; give at most one "
+        "(neither times fwd, bwd and fwd+bwd)");
   }
   if (only_fwd) {
     cfg.passes = {Pass::kFwd};
@@ -387,9 +383,9 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
 
 // The same inputs for every implementation. q and k are l2-normalised unless --include-l2norm.
 struct Inputs {
-  at::Tensor q, k, v;  // (B, H, N, D), leaves that require grad
-  at::Tensor dout;     // (B, H, N, D) output gradient
-  at::Tensor mask;     // (B, N) bool, true = attend; undefined without --mask-prob
+  at::Tensor q, k, v;    // (B, H, N, D), leaves that require grad
+  at::Tensor dout;       // (B, H, N, D) output gradient
+  at::Tensor mask;       // (B, N) bool, true = attend; undefined without --mask-prob
   at::Tensor sdpa_mask;  // mask (and causal) as SDPA's attn_mask: (B, 1, 1|N, N) bool
 };
 
@@ -537,7 +533,8 @@ Inputs make_inputs(const BenchConfig& cfg, const DtypeSpec& dtype, int64_t dim_h
   Inputs in;
   at::Tensor q = at::randn({cfg.batch, cfg.heads, n, dim_head}, opts);
   at::Tensor k = at::randn({cfg.batch, cfg.heads, n, dim_head}, opts);
-  // Normalised outside the timing (and for the exp kind always, so that exp(scale q.k) stays finite).
+  // Normalised outside the timing (and for the exp kind always, so that exp(scale q.k) stays
+  // finite).
   if (!cfg.include_l2norm || cfg.attention == "exp") {
     q = l2norm(q);
     k = l2norm(k);
@@ -600,8 +597,8 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
     sync();
     if (std::chrono::duration<double>(clock::now() - t0).count() > 0.5 * cfg.budget_s) break;
   }
-  const double per_iter = warm > 0 ? std::chrono::duration<double>(clock::now() - t0).count() / warm
-                                   : 0.0;
+  const double per_iter =
+      warm > 0 ? std::chrono::duration<double>(clock::now() - t0).count() / warm : 0.0;
   int iters = cfg.iters;
   if (per_iter > 0) {
     const int affordable = static_cast<int>(cfg.budget_s / per_iter);
@@ -637,6 +634,22 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
   return ms;
 }
 
+// A CUDA error that left the context unusable (illegal address, device-side assert): every later
+// measurement would fail too, so the run stops (what was measured is in the JSON already).
+struct DeviceLost : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// After a failed measurement on CUDA: does the device still work?
+bool device_alive() {
+  try {
+    at::accelerator::synchronizeDevice(at::accelerator::getDeviceIndex());
+    return at::ones({8}, at::TensorOptions().device(at::kCUDA)).sum().item<double>() == 8.0;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in) {
   Measurement m;
   if (!impl.unavailable.empty()) {
@@ -668,9 +681,7 @@ Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const I
       at::Tensor out;  // bwd: the graph every timed backward walks again (retain_graph)
       std::function<void()> body;
       switch (pass) {
-        case Pass::kFwd:
-          body = [&] { at::Tensor o = impl.fn(in); };
-          break;
+        case Pass::kFwd: body = [&] { at::Tensor o = impl.fn(in); }; break;
         case Pass::kBwd:
           out = impl.fn(in);
           body = [&] { auto grads = torch::autograd::grad({out}, inputs, {in.dout}, true); };
@@ -705,6 +716,10 @@ Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const I
     fail("n/a", e.what_without_backtrace());
   } catch (const std::exception& e) {
     fail("n/a", e.what());
+  }
+  if (cfg.cuda && m.status != "ok" && !device_alive()) {
+    throw DeviceLost(impl.name + " (" + pass_name(pass) + ") broke the CUDA context: " + m.reason +
+                     "; rerun without it (--impls)");
   }
   if (cfg.cuda) {
     // Whatever this implementation cached (or failed to get) is not the next one's problem.
@@ -790,7 +805,6 @@ std::string device_name(const BenchConfig& cfg) {
   return name + " (" + std::to_string(at::get_num_threads()) + " threads)";
 }
 
-
 std::string mib(int64_t bytes) {
   if (bytes < 0) return "-";
   char buf[32];
@@ -851,9 +865,10 @@ void print_seed_row(const BenchConfig& cfg, const std::vector<Impl>& impls, cons
 
 void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
                       const std::vector<Row>& rows, int64_t dim_head, Pass pass) {
-  std::printf("\n%s, every implementation (median of timed iterations; TFLOP/s = %.1f x "
-              "4*B*H*N*N*D%s / time; peak = allocator peak during the pass, inputs included):\n",
-              pass_title(pass), pass_flop_factor(pass), cfg.causal ? " / 2" : "");
+  std::printf(
+      "\n%s, every implementation (median of timed iterations; TFLOP/s = %.1f x "
+      "4*B*H*N*N*D%s / time; peak = allocator peak during the pass, inputs included):\n",
+      pass_title(pass), pass_flop_factor(pass), cfg.causal ? " / 2" : "");
   std::printf("  %8s  %-15s %10s %9s %10s %9s\n", "seq_len", "impl", "ms", "TFLOP/s", "peak MiB",
               ("vs " + cfg.baseline).c_str());
   std::map<std::string, std::string> reasons;  // "impl: reason" -> first seq_len it appeared at
@@ -864,19 +879,21 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
       if (m.status != "ok") {
         std::printf("  %8lld  %-15s %10s %9s %10s %9s\n", static_cast<long long>(row.seq_len),
                     impl.name.c_str(), m.status.c_str(), "-", "-", "-");
-        reasons.emplace(impl.name + ": " + m.status + ": " + m.reason,
-                        std::to_string(row.seq_len));
+        reasons.emplace(impl.name + ": " + m.status + ": " + m.reason, std::to_string(row.seq_len));
         continue;
       }
       const double tflops = pass_flops(cfg, dim_head, row.seq_len, pass) / (m.ms * 1e-3) / 1e12;
       std::string vs = "-";
-      if (base_it != row.by_impl.end() && base_it->second.status == "ok" && base_it->second.ms > 0) {
+      if (base_it != row.by_impl.end() && base_it->second.status == "ok" &&
+          base_it->second.ms > 0) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%.2fx", m.ms / base_it->second.ms);
         vs = buf;
       }
-      std::printf("  %8lld  %-15s %10.3f %9.2f %10s %9s\n", static_cast<long long>(row.seq_len),
-                  impl.name.c_str(), m.ms, tflops, mib(m.peak_bytes).c_str(), vs.c_str());
+      char rate[32];  // GPU rates read best with one decimal, CPU ones need significant digits
+      std::snprintf(rate, sizeof rate, tflops >= 10 ? "%.1f" : "%.3g", tflops);
+      std::printf("  %8lld  %-15s %10.3f %9s %10s %9s\n", static_cast<long long>(row.seq_len),
+                  impl.name.c_str(), m.ms, rate, mib(m.peak_bytes).c_str(), vs.c_str());
     }
   }
   for (const auto& [reason, seq] : reasons) {
@@ -964,11 +981,12 @@ int run(const BenchConfig& cfg) {
   std::printf("implementations: %s   warmup: %d   iters: %d (median; fewer past %gs)\n",
               impl_list.c_str(), cfg.warmup, cfg.iters, cfg.budget_s);
   if (cfg.attention == "fastmax") {
-    std::printf("fastmax: p %lld%s, temperature %g, chunk %lld; TFLOP/s counts the quadratic "
-                "4*B*H*N*N*D for every implementation (an effective rate for fastmax)\n",
-                static_cast<long long>(cfg.fastmax.p()),
-                cfg.fastmax.normalize() ? strf(", normalize lim %g", cfg.fastmax.lim()).c_str() : "",
-                cfg.fastmax.temperature(), static_cast<long long>(cfg.fastmax.chunk_size()));
+    std::printf(
+        "fastmax: p %lld%s, temperature %g, chunk %lld; TFLOP/s counts the quadratic "
+        "4*B*H*N*N*D for every implementation (an effective rate for fastmax)\n",
+        static_cast<long long>(cfg.fastmax.p()),
+        cfg.fastmax.normalize() ? strf(", normalize lim %g", cfg.fastmax.lim()).c_str() : "",
+        cfg.fastmax.temperature(), static_cast<long long>(cfg.fastmax.chunk_size()));
   }
   std::printf("\n");
   std::fflush(stdout);
@@ -979,8 +997,9 @@ int run(const BenchConfig& cfg) {
   doc["libtorch"] = TORCH_VERSION;
   doc["date"] = utc_now();
   doc["command"] = cfg.command_line;
-  doc["flops_note"] = "fwd 4*B*H*N*N*D (halved for causal), bwd 2.5x, fwd+bwd 3.5x, for every "
-                     "implementation (fastmax included: an effective rate)";
+  doc["flops_note"] =
+      "fwd 4*B*H*N*N*D (halved for causal), bwd 2.5x, fwd+bwd 3.5x, for every "
+      "implementation (fastmax included: an effective rate)";
   doc["config"] = {{"attention", cfg.attention},
                    {"causal", cfg.causal},
                    {"mask_prob", cfg.mask_prob},
@@ -1015,64 +1034,75 @@ int run(const BenchConfig& cfg) {
   if (!cfg.json_path.empty()) write_json(cfg.json_path, doc);
 
   const std::string rule(72, '-');
-  for (const auto& dtype : cfg.dtypes) {
-    for (const int64_t dim_head : cfg.dim_heads) {
-      for (const Pass pass : cfg.passes) {
-        std::string kernel_name = cfg.kernel;
-        if (cfg.kernel == "auto") {
-          const bool fm = cfg.attention == "fastmax";
-          const std::string first = fm ? "fastmax-cuda" : "fused";
-          const std::string second = fm ? "fastmax-chunked" : "tiled";
-          kernel_name = has_impl(impls, first) ? first + ", else " + second : second;
-        }
-        char mask_note[48] = "";
-        if (cfg.mask_prob > 0) std::snprintf(mask_note, sizeof mask_note, ", mask-prob %g", cfg.mask_prob);
-        std::printf("%s\n%-12sbatch: %-5lld heads: %-5lld dim %-5lld %s%s%s   kernel: %s   "
-                    "baseline: %s\n%s\n",
-                    rule.c_str(), dtype.long_name.c_str(), static_cast<long long>(cfg.batch),
-                    static_cast<long long>(cfg.heads), static_cast<long long>(dim_head),
-                    pass_title(pass), cfg.causal ? ", causal" : "",
-                    mask_note,
-                    kernel_name.c_str(), cfg.baseline.c_str(), rule.c_str());
-        std::fflush(stdout);
-        std::vector<Row> rows;
-        // Per implementation, its last result in this table: a length after an oom is not tried,
-        // nor one whose predicted time per iteration passes 10x --budget.
-        std::map<std::string, std::pair<int64_t, Measurement>> last;
-        for (const int64_t n : cfg.seq_lens) {
-          Row row{n, {}};
-          Inputs in;
-          Measurement input_failure;
-          try {
-            in = make_inputs(cfg, dtype, dim_head, n, need_sdpa_mask);
-          } catch (const c10::OutOfMemoryError& e) {
-            input_failure.status = "oom";
-            input_failure.reason = "the inputs alone: " + first_line(e.what_without_backtrace());
+  try {
+    for (const auto& dtype : cfg.dtypes) {
+      for (const int64_t dim_head : cfg.dim_heads) {
+        for (const Pass pass : cfg.passes) {
+          std::string kernel_name = cfg.kernel;
+          if (cfg.kernel == "auto") {
+            const bool fm = cfg.attention == "fastmax";
+            const std::string first = fm ? "fastmax-cuda" : "fused";
+            const std::string second = fm ? "fastmax-chunked" : "tiled";
+            kernel_name = has_impl(impls, first) ? first + ", else " + second : second;
           }
-          for (const auto& impl : impls) {
-            const Measurement skip = predicted_skip(cfg, impl.name, n, last);
-            if (input_failure.status != "ok") {
-              row.by_impl[impl.name] = input_failure;
-            } else if (skip.status != "ok") {
-              row.by_impl[impl.name] = skip;
-            } else {
-              row.by_impl[impl.name] = measure(cfg, impl, pass, in);
-              const Measurement& m = row.by_impl[impl.name];
-              if (m.status == "ok" || m.status == "oom") last[impl.name] = {n, m};
+          char mask_note[48] = "";
+          if (cfg.mask_prob > 0)
+            std::snprintf(mask_note, sizeof mask_note, ", mask-prob %g", cfg.mask_prob);
+          std::printf(
+              "%s\n%-12sbatch: %-5lld heads: %-5lld dim %-5lld %s%s%s   kernel: %s   "
+              "baseline: %s\n%s\n",
+              rule.c_str(), dtype.long_name.c_str(), static_cast<long long>(cfg.batch),
+              static_cast<long long>(cfg.heads), static_cast<long long>(dim_head), pass_title(pass),
+              cfg.causal ? ", causal" : "", mask_note, kernel_name.c_str(), cfg.baseline.c_str(),
+              rule.c_str());
+          std::fflush(stdout);
+          std::vector<Row> rows;
+          // Per implementation, its last result in this table: a length after an oom is not tried,
+          // nor one whose predicted time per iteration passes 10x --budget.
+          std::map<std::string, std::pair<int64_t, Measurement>> last;
+          for (const int64_t n : cfg.seq_lens) {
+            Row row{n, {}};
+            Inputs in;
+            Measurement input_failure;
+            try {
+              in = make_inputs(cfg, dtype, dim_head, n, need_sdpa_mask);
+            } catch (const c10::OutOfMemoryError& e) {
+              input_failure.status = "oom";
+              input_failure.reason = "the inputs alone: " + first_line(e.what_without_backtrace());
             }
-            doc["results"].push_back(
-                record(cfg, impl.name, dtype, dim_head, n, pass, row.by_impl[impl.name]));
+            for (const auto& impl : impls) {
+              const Measurement skip = predicted_skip(cfg, impl.name, n, last);
+              if (input_failure.status != "ok") {
+                row.by_impl[impl.name] = input_failure;
+              } else if (skip.status != "ok") {
+                row.by_impl[impl.name] = skip;
+              } else {
+                row.by_impl[impl.name] = measure(cfg, impl, pass, in);
+                const Measurement& m = row.by_impl[impl.name];
+                if (m.status == "ok" || m.status == "oom") last[impl.name] = {n, m};
+              }
+              doc["results"].push_back(
+                  record(cfg, impl.name, dtype, dim_head, n, pass, row.by_impl[impl.name]));
+            }
+            in = Inputs{};
+            if (cfg.cuda) at::accelerator::emptyCache();
+            print_seed_row(cfg, impls, row);
+            rows.push_back(std::move(row));
           }
-          in = Inputs{};
-          if (cfg.cuda) at::accelerator::emptyCache();
-          print_seed_row(cfg, impls, row);
-          rows.push_back(std::move(row));
+          print_full_table(cfg, impls, rows, dim_head, pass);
+          // Rewritten after every table, so a long run that dies later keeps what it measured.
+          if (!cfg.json_path.empty()) write_json(cfg.json_path, doc);
         }
-        print_full_table(cfg, impls, rows, dim_head, pass);
-        // Rewritten after every table, so a long run that dies later keeps what it measured.
-        if (!cfg.json_path.empty()) write_json(cfg.json_path, doc);
       }
     }
+  } catch (const DeviceLost& e) {
+    if (!cfg.json_path.empty()) {
+      doc["error"] = e.what();
+      write_json(cfg.json_path, doc);
+    }
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   }
   if (!cfg.json_path.empty()) std::printf("wrote %s\n", cfg.json_path.c_str());
   return 0;

@@ -49,8 +49,9 @@ nlohmann::json read_json(const std::string& path) {
   return doc;
 }
 
-const char* kSmall = "bench --device cpu --seq-lens 1,63 --dim-head 16 --batch 1 --heads 2 "
-                     "--iters 2 --warmup 1";
+const char* kSmall =
+    "bench --device cpu --seq-lens 1,63 --dim-head 16 --batch 1 --heads 2 "
+    "--iters 2 --warmup 1";
 
 TEST(BenchCli, CpuRunWritesEveryMeasurement) {
   const std::string json = temp_path("bench");
@@ -93,8 +94,8 @@ TEST(BenchCli, CpuRunWritesEveryMeasurement) {
     seen[impl].insert(pass + "/" + std::to_string(n));
   }
   EXPECT_EQ(seq_lens, (std::set<int64_t>{1, 63}));
-  const std::set<std::string> expected = {"fwd/1", "fwd/63", "bwd/1", "bwd/63", "fwd+bwd/1",
-                                          "fwd+bwd/63"};
+  const std::set<std::string> expected = {"fwd/1",  "fwd/63",    "bwd/1",
+                                          "bwd/63", "fwd+bwd/1", "fwd+bwd/63"};
   EXPECT_EQ(seen["plain"], expected);
   EXPECT_EQ(seen["tiled"], expected);
 }
@@ -103,7 +104,8 @@ TEST(BenchCli, OnlyForwardsCausalRestrictedImpls) {
   const std::string json = temp_path("bench_fwd");
   const RunResult r = run_train(std::string(kSmall) +
                                 " --only-forwards --causal --mask-prob 0.25 --impls tiled,plain "
-                                "--json " + json);
+                                "--json " +
+                                json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json doc = read_json(json);
   std::remove(json.c_str());
@@ -127,9 +129,9 @@ TEST(BenchCli, ExpKindRunsOursAndMarksSdpaNotApplicable) {
 TEST(BenchCli, HelpListsTheOptions) {
   const RunResult r = run_train("bench --help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* opt : {"--causal", "--mask-prob", "--only-forwards", "--only-backwards",
-                          "--dtype", "--batch", "--heads", "--dim-head", "--seq-lens", "--json",
-                          "--impls", "--device"}) {
+  for (const char* opt :
+       {"--causal", "--mask-prob", "--only-forwards", "--only-backwards", "--dtype", "--batch",
+        "--heads", "--dim-head", "--seq-lens", "--json", "--impls", "--device"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt << "\n" << r.output;
   }
 }
@@ -138,7 +140,8 @@ void expect_rejected(const std::string& args, const std::string& named) {
   const RunResult r = run_train("bench --device cpu " + args);
   EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
   EXPECT_NE(r.output.find(named), std::string::npos)
-      << "the error for '" << args << "' should name " << named << ":\n" << r.output;
+      << "the error for '" << args << "' should name " << named << ":\n"
+      << r.output;
   EXPECT_EQ(r.output.find("seq_len:"), std::string::npos) << "nothing should run:\n" << r.output;
 }
 
