@@ -70,6 +70,7 @@ int run_train(int argc, char** argv) {
     c.data = r["data"].as<std::string>();
     c.split = r["split"].as<std::string>();
     c.seq_len = r["seq-len"].as<int64_t>();
+    if (c.seq_len < 1) throw std::invalid_argument("--seq-len must be >= 1, got " + std::to_string(c.seq_len));
     c.batch = r["batch"].as<int64_t>();
     c.grad_accum = r["grad-accum"].as<int64_t>();
     c.steps = r["steps"].as<int64_t>();

@@ -112,7 +112,19 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
   try {
     torch::serialize::InputArchive model_archive;
     archive.read("model", model_archive);
+    // Module::load replaces each tensor wholesale (set_), so a checkpoint of another shape would
+    // load silently: compare every parameter's shape with the one the config built.
+    std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+    for (const auto& p : model->named_parameters()) expected.emplace_back(p.key(), p.value().sizes().vec());
     model->load(model_archive);
+    const auto loaded = model->named_parameters();
+    for (const auto& [name, sizes] : expected) {
+      const auto got = loaded[name].sizes().vec();
+      if (got != sizes) {
+        throw std::runtime_error("parameter '" + name + "' has shape " + c10::str(c10::IntArrayRef(got)) +
+                                 " in the file, the model expects " + c10::str(c10::IntArrayRef(sizes)));
+      }
+    }
     if (optimizer) {
       torch::serialize::InputArchive opt_archive;
       if (!archive.try_read("optimizer", opt_archive)) {

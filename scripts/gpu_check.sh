@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
+# a short table printed last. Run on the GPU machine from the repository root:
+#   scripts/gpu_check.sh [build] [tests] [train] [bench] [converge]   (default: build tests train bench)
+# DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
+# TRAIN_STEPS (default 40) steps per throughput run; CONVERGE_STEPS (default 500) for `converge`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu_check}
+BUILD=${BUILD:-build}
+DATA=${DATA:-.carry/wiki-text-substitute.gz}
+TRAIN_STEPS=${TRAIN_STEPS:-40}
+CONVERGE_STEPS=${CONVERGE_STEPS:-500}
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build tests train bench)
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+table=()
+row() { table+=("$(printf '%-34s %s' "$1" "$2")"); }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+row "gpu" "$(head -1 "$OUT/gpu.txt")"
+
+if has build; then
+  t0=$(date +%s)
+  prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DFLASHCOS_CUDA_ARCHS="${FLASHCOS_CUDA_ARCHS:-90}" \
+        > "$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+    row "build" "ok ($(( $(date +%s) - t0 )) s)"
+  else
+    tail -30 "$OUT/configure.log" "$OUT/build.log"; echo "build FAILED"; exit 1
+  fi
+fi
+TRAIN="$BUILD/train"
+
+if has tests; then
+  "$BUILD/flashcos_tests" --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  rc=$?
+  row "tests (all suites)" "rc $rc: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | grep -v '\.' | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \].*\(' "$OUT/tests.log" | head -20
+fi
+
+# Throughput of one training configuration: the tokens/s and peak memory of the last progress line.
+train_run() {  # name, args...
+  local name=$1; shift
+  "$TRAIN" --data "$DATA" --steps "$TRAIN_STEPS" --log-every 10 --validate-every 1000000 --generate-every 0 \
+      --save-every 1000000 --checkpoint-dir "$OUT/ck" --run "$name" "$@" > "$OUT/train_$name.log" 2>&1
+  local rc=$? last
+  last=$(grep -E 'step [0-9]+/' "$OUT/train_$name.log" | tail -1 | sed -E 's/.*\| ([0-9.]+k tok\/s).*(peak mem [0-9.]+ GiB).*/\1, \2/')
+  row "train $name" "rc $rc: $last"
+}
+
+if has train; then
+  train_run sdpa-8192 --seq-len 8192 --batch 4 --attention-impl sdpa
+  train_run fused-8192 --seq-len 8192 --batch 4 --use-cuda-kernel
+  train_run plain-2048 --seq-len 2048 --batch 4 --attention-impl plain
+  train_run sdpa-2048 --seq-len 2048 --batch 4 --attention-impl sdpa
+fi
+
+if has converge; then
+  for impl in sdpa fused; do
+    flag="--attention-impl sdpa"; [ $impl = fused ] && flag="--use-cuda-kernel"
+    "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --steps "$CONVERGE_STEPS" --validate-every 100 --val-windows 16 \
+        --generate-every 0 --save-every 100000 --log-every 50 --checkpoint-dir "$OUT/ck" --run conv-$impl $flag \
+        > "$OUT/converge_$impl.log" 2>&1
+    row "converge $impl (val bpc by 100s)" "$(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$OUT/converge_$impl.log" | awk '{print $5}' | tr '\n' ' ')"
+  done
+fi
+
+if has bench; then
+  for c in "--causal" ""; do
+    tag=$([ -n "$c" ] && echo causal || echo full)
+    "$TRAIN" bench $c --dtype bf16 --dim-head 64 --seq-lens 1024,2048,4096,8192,16384 \
+        --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
+    row "bench bf16 d64 $tag" "rc $? (see bench_$tag.log)"
+  done
+fi
+
+echo
+echo "==== flashcos gpu_check $(date -u +%Y-%m-%dT%H:%MZ) ===="
+printf '%s\n' "${table[@]}"
