@@ -8,8 +8,9 @@
 //
 // Tolerances (relative Frobenius error vs the float64 loops, on the dtype-rounded inputs):
 //   f64: 1e-10.  f32: 1e-5.  bf16 / f16: the tiled path may be at most 2x the error of the plain
-//   path run in the same dtype, plus a floor of one dtype epsilon; the plain path itself must stay
-//   within a few epsilons (a sanity bound that catches semantic bugs).
+//   path run in the same dtype plus one dtype epsilon, capped at 8 eps; the plain path itself must
+//   stay within 8 eps (a sanity bound: semantic bugs give O(1) errors). f16 runs the plain path
+//   only as the tiled test's baseline. Set FLASHCOS_TEST_VERBOSE=1 to print every error.
 // Rows with nothing to attend (fully masked, or causal rows before the first key when I > J)
 // must give exactly zero output and zero dq, and nothing may be NaN / inf.
 #include "attention/attention.h"
@@ -19,7 +20,10 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <ostream>
 #include <string>
@@ -256,14 +260,31 @@ struct Errors {
   double o = 0, dq = 0, dk = 0, dv = 0, dbias = 0;
 };
 
-Errors errors_vs(const ApiRun& run, const RefResult& ref) {
+Errors errors_vs(const Case& c, const ApiRun& run, const RefResult& ref) {
   Errors e;
   e.o = rel_err(canonical(run.o), ref.o);
   e.dq = rel_err(canonical(run.dq), ref.dq);
   e.dk = rel_err(canonical(run.dk), ref.dk);
   e.dv = rel_err(canonical(run.dv), ref.dv);
   if (ref.dbias.defined()) e.dbias = rel_err(run.dbias, ref.dbias);
+  // One key per row (J == 1, cosine kind): softmax over a single key does not depend on q, k or
+  // the bias, so dq, dk, dbias vanish mathematically and only rounding noise is left; measure
+  // those as RMS relative to the scale of the problem instead of relative to a zero reference.
+  if (c.J == 1 && !c.exp_kind) {
+    auto rms = [&](const at::Tensor& t) {
+      return t.defined() ? t.to(at::kDouble).pow(2).mean().sqrt().item<double>() / c.scale : 0.0;
+    };
+    e.dq = rms(run.dq);
+    e.dk = rms(run.dk);
+    e.dbias = rms(run.dbias);
+  }
   return e;
+}
+
+std::string str(const Errors& e) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "o %.2e dq %.2e dk %.2e dv %.2e dbias %.2e", e.o, e.dq, e.dk, e.dv, e.dbias);
+  return buf;
 }
 
 class AttentionVsLoops : public ::testing::TestWithParam<Param> {};
@@ -284,34 +305,27 @@ TEST_P(AttentionVsLoops, ForwardAndGradients) {
   EXPECT_EQ(run.dq.sizes(), in.q.sizes());
   EXPECT_EQ(run.dk.sizes(), in.k.sizes());
   EXPECT_EQ(run.dv.sizes(), in.v.sizes());
-  Errors err = errors_vs(run, ref);
-  // One key per row (J == 1, cosine kind): softmax over a single key does not depend on q, k or
-  // the bias, so dq, dk, dbias vanish mathematically and only rounding noise is left; measure
-  // those as RMS relative to the scale of the problem instead of relative to a zero reference.
-  const bool single_key = c.J == 1 && !c.exp_kind;
-  if (single_key) {
-    auto rms = [&](const at::Tensor& t) {
-      return t.defined() ? t.to(at::kDouble).pow(2).mean().sqrt().item<double>() / c.scale : 0.0;
-    };
-    err.dq = rms(run.dq);
-    err.dk = rms(run.dk);
-    err.dbias = rms(run.dbias);
-  }
+  const Errors err = errors_vs(c, run, ref);
 
   // Tolerances.
   Errors tol;
   const double eps = dtype_eps(prm.dtype);
+  const double sanity = 8 * eps;  // low precision: semantic bugs give O(1) errors, rounding ~eps
   if (prm.dtype == at::kDouble) {
     tol = {1e-10, 1e-10, 1e-10, 1e-10, 1e-10};
   } else if (prm.dtype == at::kFloat) {
     tol = {1e-5, 1e-5, 1e-5, 1e-5, 1e-5};
   } else if (prm.impl == Impl::kPlainFn) {
-    const double t = 4 * eps;  // sanity bound for the baseline itself
-    tol = {t, t, t, t, t};
+    tol = {sanity, sanity, sanity, sanity, sanity};
   } else {
-    const ApiRun base = run_api(c, in, Impl::kPlainFn, prm.dtype);
-    const Errors be = errors_vs(base, ref);
-    tol = {2 * be.o + eps, 2 * be.dq + eps, 2 * be.dk + eps, 2 * be.dv + eps, 2 * be.dbias + eps};
+    // At most 2x the error of the plain path in the same dtype plus a floor of one eps, and never
+    // past the sanity bound. The plain baseline itself must pass the sanity bound too.
+    const Errors be = errors_vs(c, run_api(c, in, Impl::kPlainFn, prm.dtype), ref);
+    double worst = 0;
+    for (double e : {be.o, be.dq, be.dk, be.dv, be.dbias}) worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+    EXPECT_LE(worst, sanity) << "the plain baseline in " << dtype_name(prm.dtype) << " is off: " << str(be);
+    auto t = [&](double base_err) { return std::min(2 * base_err + eps, sanity); };
+    tol = {t(be.o), t(be.dq), t(be.dk), t(be.dv), t(be.dbias)};
   }
   EXPECT_LE(err.o, tol.o) << "out";
   EXPECT_LE(err.dq, tol.dq) << "dq";
@@ -335,18 +349,21 @@ TEST_P(AttentionVsLoops, ForwardAndGradients) {
       EXPECT_TRUE(at::isfinite(*t).all().item<bool>()) << "NaN / inf in a result";
     }
 
+  if (std::getenv("FLASHCOS_TEST_VERBOSE") != nullptr)
+    std::printf("  err %s\n  tol %s\n", str(err).c_str(), str(tol).c_str());
   if (::testing::Test::HasFailure())
-    ADD_FAILURE() << "errors: o " << err.o << " dq " << err.dq << " dk " << err.dk << " dv "
-                  << err.dv << " dbias " << err.dbias << " (empty rows " << n_empty << ")";
+    ADD_FAILURE() << "errors: " << str(err) << " (empty rows " << n_empty << ")";
 }
 
 std::vector<Param> all_params() {
   std::vector<Param> ps;
   for (const Case& c : all_cases())
     for (Impl impl : {Impl::kPlainFn, Impl::kTiled})
-      for (at::ScalarType dt : {at::kDouble, at::kFloat, at::kBFloat16}) {
-        // The long case in float64 and bf16 only (f32 adds little and costs time).
-        if (c.I >= 1000 && dt == at::kFloat) continue;
+      for (at::ScalarType dt : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+        // f16 runs the plain path as the tiled test's baseline (with its sanity bound) only.
+        if (dt == at::kHalf && impl == Impl::kPlainFn) continue;
+        // The long case in f64 and bf16 only (f32 / f16 add little and cost time).
+        if (c.I >= 1000 && (dt == at::kFloat || dt == at::kHalf)) continue;
         ps.push_back({c, impl, dt});
       }
   return ps;
@@ -385,7 +402,7 @@ TEST(AttentionCpu, AutoAndPlainBackendThroughEntryPoint) {
 // Same inputs twice give bit-identical results.
 TEST(AttentionCpu, Deterministic) {
   at::manual_seed(12);
-  Case c = C("det", 2, 2, 2, 50, 70, 16).causal().mask().tile(16);
+  Case c = C("det", 2, 2, 2, 40, 50, 16).causal().mask().tile(16);
   const Inputs in = make_inputs(c);
   for (Impl impl : {Impl::kPlainFn, Impl::kTiled}) {
     const ApiRun a = run_api(c, in, impl, at::kFloat), b = run_api(c, in, impl, at::kFloat);
@@ -418,7 +435,7 @@ TEST_P(AttentionFiniteDiff, GradientsMatchCentralDifferences) {
   const Backend be = GetParam();
   at::manual_seed(21);
   // Grouped k/v (4 heads on 2), I > J causal (a row with nothing), mask, per-head bias, groups 2.
-  const int64_t B = 2, H = 4, Hkv = 2, I = 6, J = 5, D = 8;
+  const int64_t B = 2, H = 4, Hkv = 2, I = 6, J = 5, D = 4;
   at::Tensor q = at::randn({B, H, I, D}, at::kDouble);
   at::Tensor k = at::randn({B, Hkv, J, D}, at::kDouble);
   at::Tensor v = at::randn({B, Hkv, J, D}, at::kDouble);
