@@ -1,5 +1,5 @@
 // l2norm as one autograd Function: y = x * r with r = 1 / max(|x_g|, eps) per group g of the
-// last dim. Saves only x and the per-group r (a (..., groups, 1) float tensor), instead of the
+// last dim. Saves only y and the per-group r (a (..., groups, 1) float tensor), instead of the
 // float32 intermediates a chain of libtorch ops keeps alive: on the default model at seq 8192
 // that chain held several hundred MiB per layer. Norms are taken in float32 (float64 for double).
 //   backward: dx = r * (dy - y * sum_g(dy * y))   where the norm exceeds eps, else r * dy.
@@ -32,20 +32,22 @@ class L2NormFunction : public torch::autograd::Function<L2NormFunction> {
     auto g = grouped(x, groups).to(compute_type(x));
     auto sumsq = g.pow(2).sum(-1, /*keepdim=*/true);
     auto r = sumsq.clamp_min(kEps * kEps).rsqrt();
-    ctx->save_for_backward({x, r, sumsq > kEps * kEps});
+    auto y = (g * r).reshape(x.sizes()).to(x.scalar_type());
+    // Saving the output rather than x: the attention after it keeps y alive anyway.
+    ctx->save_for_backward({y, r, sumsq > kEps * kEps});
     ctx->saved_data["groups"] = groups;
-    return {(g * r).reshape(x.sizes()).to(x.scalar_type())};
+    return {y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &r = saved[1], &above = saved[2];
+    const auto &y_saved = saved[0], &r = saved[1], &above = saved[2];
     const int64_t groups = ctx->saved_data["groups"].toInt();
     auto dy = grouped(grads[0], groups).to(r.scalar_type());
-    auto y = grouped(x, groups).to(r.scalar_type()) * r;
+    auto y = grouped(y_saved, groups).to(r.scalar_type());
     auto dx = r * (dy - y * (dy * y).sum(-1, /*keepdim=*/true) * above);
-    return {dx.reshape(x.sizes()).to(x.scalar_type()), at::Tensor()};
+    return {dx.reshape(y_saved.sizes()).to(y_saved.scalar_type()), at::Tensor()};
   }
 };
 
