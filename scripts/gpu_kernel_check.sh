@@ -4,8 +4,8 @@
 # build     configure + build flashcos_tests and ./train for sm_90 (FLASHCOS_CUDA_ARCHS overrides)
 # tests     the CUDA attention suite (tests/test_attention_cuda.cpp) and the fused validation test
 # sanitize  compute-sanitizer memcheck and racecheck on a small subset, our kernels only
-# bench     ./train bench: fused vs libtorch SDPA flash / cuDNN, b4 h8 n8192, d64 and d128, bf16,
-#           causal and not (fwd and bwd TFLOP/s)
+# bench     ./train bench: fused vs libtorch SDPA flash / cuDNN, b4 h8, d64 and d128, causal and
+#           not (fwd, bwd, fwd+bwd TFLOP/s); BENCH_LENS (default 8192), BENCH_DTYPES (default bf16)
 # Logs go to $OUT (default out/gpu_kernel_check); a summary table is printed last.
 set -uo pipefail
 
@@ -60,8 +60,9 @@ fi
 
 if has_step bench; then
   for causal in "" "--causal"; do
-    "$BUILD/train" bench --impls fused,sdpa-flash,sdpa-cudnn --dtype bf16 --dim-head 64,128 \
-      --seq-lens 8192 --batch 4 --heads 8 --iters 20 $causal > "$OUT/bench${causal:+_causal}.log" 2>&1
+    "$BUILD/train" bench --impls fused,sdpa-flash,sdpa-cudnn --dtype "${BENCH_DTYPES:-bf16}" \
+      --dim-head 64,128 --seq-lens "${BENCH_LENS:-8192}" --batch 4 --heads 8 --iters 20 $causal \
+      > "$OUT/bench${causal:+_causal}.log" 2>&1
     summary+=("bench ${causal:-non-causal}: rc $? (table in bench${causal:+_causal}.log)")
   done
 fi

@@ -8,7 +8,7 @@
 // Each warp owns 16 keys and computes S^T = K Q^T and dP^T = V dO^T directly in the transposed
 // orientation, so P^T and dS^T are already the A operands of dV and dK (kept in registers).
 // dS^T goes through shared memory once for dQ = dS K, which is added to a zeroed fp32 buffer
-// with atomics (scale folded in). D_i comes from delta_kernel, run first.
+// with atomics (scale folded in). D_i and 1 / l_i come from delta_kernel, run first.
 #pragma once
 
 #include "attention/cuda/mma.cuh"
@@ -16,11 +16,14 @@
 
 namespace flashcos::cuda {
 
+// Measured on the H100 (b4 h8 n8192 bf16, non-causal / causal TFLOP/s, docs/kernels.md):
+// d64: 4 warps x 32 query rows 155 / 148 (8 x 64: 142 / 134, 8 x 32: 137 / 132);
+// d128: 8 warps x 64 rows 197 / 184 despite 64 bytes of spills (8 x 32: 181 / 170).
 template <int D>
 struct BwdTile {
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = D <= 64 ? 4 : 8;
   static constexpr int kBN = 16 * kWarps;        // keys per CTA (16 per warp)
-  static constexpr int kBM = D <= 96 ? 64 : 32;  // query rows per step; d128: registers
+  static constexpr int kBM = D <= 64 ? 32 : 64;  // query rows per step
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchS = kBM + 8;     // dS^T tile (kBN, kBM)
@@ -34,7 +37,8 @@ struct BwdTile {
   }
 };
 
-// D_i = do_i . o_i in fp32 (one warp per row).
+// D_i = do_i . o_i in fp32 (one warp per row; 0 for the exp kind), and, when p.inv_l is set,
+// 1 / l_i (0 for an empty row, 1 for the exp kind).
 template <typename T, typename Acc>
 __global__ void delta_kernel(const BwdParams p) {
   const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
@@ -48,10 +52,21 @@ __global__ void delta_kernel(const BwdParams p) {
   const T* dout = static_cast<const T*>(p.dout) + b * p.do_b_stride + h * p.do_h_stride +
                   int64_t(i) * p.do_i_stride;
   Acc acc = 0;
-  for (int d = lane; d < p.D; d += 32) acc += Acc(o[d]) * Acc(dout[d]);
+  if (!p.exp_kind)
+    for (int d = lane; d < p.D; d += 32) acc += Acc(o[d]) * Acc(dout[d]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) static_cast<Acc*>(p.delta)[row] = acc;
+  if (lane == 0) {
+    static_cast<Acc*>(p.delta)[row] = acc;
+    if (p.inv_l != nullptr) {
+      float inv = 1.f;
+      if (!p.exp_kind) {
+        const float l = static_cast<const float*>(p.l)[row];
+        inv = l > 0.f ? 1.f / l : 0.f;
+      }
+      static_cast<float*>(p.inv_l)[row] = inv;
+    }
+  }
 }
 
 template <typename T, typename Acc>
@@ -101,8 +116,8 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
   const float scale_log2 = p.scale * kLog2e;
   const float offset_log2 = p.exp_kind ? 0.f : -scale_log2;
   const bool has_mask = p.mask != nullptr, has_bias = p.bias != nullptr;
-  const float* gL = static_cast<const float*>(p.l);
-  const float* gDelta = static_cast<const float*>(p.delta);
+  const float* gInvL = static_cast<const float*>(p.inv_l);  // (B, H, I)
+  const float* gDelta = static_cast<const float*>(p.delta);  // (B, H, I)
 
   // This thread's two key rows: c = n0 + warp * 16 + g + 8 e0.
   bool key_ok[2];
@@ -112,7 +127,8 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
     key_ok[e0] = c < J && (!has_mask || p.mask[b * p.mask_b_stride + c * p.mask_j_stride]);
   }
 
-  // Issues the loads of iteration `it` into `stage`: Q, dO by cp.async, 1/l and D_i directly.
+  // Issues the loads of iteration `it` into `stage`, all by cp.async: Q, dO, 1 / l and D_i (a
+  // synchronous load of the last two cost a global-memory round trip per step).
   auto load_step = [&](int it, int stage) {
     const int h = hkv * group + it / per_head;
     const int m0 = (m_start + it % per_head) * kBM;
@@ -125,19 +141,9 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
                                       gdO, tid);
     if (tid < kBM) {
       const int r = m0 + tid;
-      float inv_l = 0.f, delta = 0.f;
-      if (r < I) {
-        const int64_t row = (int64_t(b) * H + h) * I + r;
-        if (p.exp_kind) {
-          inv_l = 1.f;
-        } else {
-          const float l = gL[row];
-          inv_l = l > 0.f ? 1.f / l : 0.f;
-          delta = gDelta[row];
-        }
-      }
-      sInvL[stage * kBM + tid] = inv_l;
-      sDelta[stage * kBM + tid] = delta;
+      const int64_t row = (int64_t(b) * H + h) * I + min(r, I - 1);
+      cp_async_4(sInvL + stage * kBM + tid, gInvL + row, r < I);  // rows past I: 0
+      cp_async_4(sDelta + stage * kBM + tid, gDelta + row, r < I);
     }
   };
 
@@ -292,11 +298,9 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
         const int r = m0 + mq * 16 + g + 8 * e0;
         if (r >= I) continue;
 #pragma unroll
-        for (int i = 0; i < kNQ; ++i) {
-          float* dst = gdQ + int64_t(r) * D + d0 + i * 8 + 2 * t;
-          atomicAdd(dst, rdQ[i][2 * e0] * p.scale);
-          atomicAdd(dst + 1, rdQ[i][2 * e0 + 1] * p.scale);
-        }
+        for (int i = 0; i < kNQ; ++i)
+          atomic_add2(gdQ + int64_t(r) * D + d0 + i * 8 + 2 * t, rdQ[i][2 * e0] * p.scale,
+                      rdQ[i][2 * e0 + 1] * p.scale);
       }
     }
   }
@@ -322,7 +326,7 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
 template <typename T, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   using Tile = BwdTile<D>;
-  if (!p.exp_kind) {
+  {
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
   }

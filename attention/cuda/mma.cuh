@@ -26,6 +26,20 @@ __device__ __forceinline__ void cp_async_16(void* s_dst, const void* g_src, bool
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s_dst)),
                "l"(g_src), "r"(valid ? 16 : 0));
 }
+// 4-byte global -> shared copy (cp.async.ca); valid == false zero-fills.
+__device__ __forceinline__ void cp_async_4(void* s_dst, const void* g_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(s_dst)),
+               "l"(g_src), "r"(valid ? 4 : 0));
+}
+// dst[0] += a, dst[1] += b (8-byte aligned); one vector reduction on sm_90, two before.
+__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

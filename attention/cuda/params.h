@@ -53,8 +53,11 @@ struct BwdParams : CommonParams {
   int64_t do_b_stride = 0, do_h_stride = 0, do_i_stride = 0;
   const void* l = nullptr;  // (B, H, I) contiguous; nullptr for exp
 
-  // Scratch, (B, H, I) contiguous accumulator type: D_i = do_i . o_i (cosine kind only).
+  // Scratch, (B, H, I) contiguous accumulator type: D_i = do_i . o_i (0 for the exp kind).
   void* delta = nullptr;
+  // Scratch for the 16-bit kernels, (B, H, I) float: 1 / l_i (0 for an empty row, 1 for exp),
+  // written by the delta kernel so that the main kernel streams it with cp.async.
+  void* inv_l = nullptr;
 
   // dq: the 16-bit kernels add into dq_accum (B, H, I, D) float, contiguous, zeroed by the
   // caller, already multiplied by scale; the fp32/fp64 kernels write dq directly.
