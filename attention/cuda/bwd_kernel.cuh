@@ -16,14 +16,14 @@
 
 namespace flashcos::cuda {
 
-// Measured on the H100 (b4 h8 n8192 bf16, non-causal / causal TFLOP/s, docs/kernels.md):
-// d64: 4 warps x 32 query rows 155 / 148 (8 x 64: 142 / 134, 8 x 32: 137 / 132);
-// d128: 8 warps x 64 rows 197 / 184 despite 64 bytes of spills (8 x 32: 181 / 170).
+// 8 warps x 64 query rows (32 at d128, for registers): the configuration the GPU test suite and
+// sanitizers passed with. Timed faster on the H100 but not yet run through the test suite
+// (docs/kernels.md): d64 4 warps x 32 rows (155 vs 142 TFLOP/s), d128 8 warps x 64 rows (197 vs 181).
 template <int D>
 struct BwdTile {
-  static constexpr int kWarps = D <= 64 ? 4 : 8;
+  static constexpr int kWarps = 8;
   static constexpr int kBN = 16 * kWarps;        // keys per CTA (16 per warp)
-  static constexpr int kBM = D <= 64 ? 32 : 64;  // query rows per step
+  static constexpr int kBM = D <= 96 ? 64 : 32;  // query rows per step
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchS = kBM + 8;     // dS^T tile (kBN, kBM)
