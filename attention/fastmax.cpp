@@ -177,7 +177,7 @@ void check_fastmax_options(const FastmaxOptions& o) {
   TORCH_CHECK(o.temperature() > 0 && std::isfinite(o.temperature()),
               "fastmax: temperature must be a finite number > 0; got ", o.temperature());
   TORCH_CHECK(o.lim() > 0 && std::isfinite(o.lim()), "fastmax: lim must be a finite number > 0; got ", o.lim());
-  TORCH_CHECK(o.chunk_size() >= 1, "fastmax: chunk_size must be >= 1; got ", o.chunk_size());
+  TORCH_CHECK(o.chunk_size() >= 0, "fastmax: chunk_size must be >= 1, or 0 for automatic; got ", o.chunk_size());
   TORCH_CHECK(std::isfinite(o.a0()) && std::isfinite(o.a1()) && std::isfinite(o.a2()),
               "fastmax: a0, a1, a2 must be finite");
   const double m = fastmax_min_weight(o);

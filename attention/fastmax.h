@@ -26,8 +26,9 @@
 // Shapes (B batch, H heads, Hkv key/value heads, I queries, J keys, D head dim), as DESIGN.md:
 //   q (B, H, I, D); k, v (B, Hkv, J, D) with H % Hkv == 0, or (B, J, D) single-headed;
 //   or merged q (BH, I, D) with k, v (BH, J, D). The output has q's shape and dtype.
-// dtypes: float64 / float32 / bfloat16 / float16 (moments are accumulated in float32, float64 for
-// double inputs). Any device; CUDA tensors use the CUDA kernels (attention/cuda/fastmax*.cu).
+// dtypes: float64 / float32 / bfloat16 / float16. bf16 / fp16 use tensor-core GEMMs with float32
+// accumulation; float32 inputs are computed in float64 (the factorised sums cancel, see
+// fastmax_chunked.cpp); the output has the input dtype. Any device; CUDA tensors use the CUDA kernels (attention/cuda/fastmax*.cu).
 //
 //   auto o = flashcos::fastmax_attention(q, k, v, flashcos::FastmaxOptions().p(2).causal(true));
 #pragma once
@@ -64,8 +65,9 @@ struct FastmaxOptions {
   TORCH_ARG(bool, normalize) = false;
   /// Radius for `normalize`: |s| <= lim^2 / temperature. Must be > 0.
   TORCH_ARG(double, lim) = 1.0;
-  /// Tokens per chunk of the causal scan (exact quadratic inside a chunk). Must be >= 1.
-  TORCH_ARG(int64_t, chunk_size) = 256;
+  /// Tokens per chunk of the causal scan (exact quadratic inside a chunk); 0 = automatic
+  /// (about sqrt(F (D + 1)) rounded to a power of two in 32 .. 512, F the feature count).
+  TORCH_ARG(int64_t, chunk_size) = 0;
   /// Which implementation computes it.
   TORCH_ARG(FastmaxBackend, backend) = FastmaxBackend::kAuto;
 };

@@ -12,6 +12,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <vector>
 
 namespace flashcos::detail {
@@ -29,12 +31,19 @@ at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDoubl
 // Half path: a float32 operand becomes scale * (hi + lo); a lone split operand is stacked along
 // the free dim (rows of a / columns of b) so the other operand is never copied, and two split
 // operands use a_hi b_hi + a_hi b_lo + a_lo b_hi stacked along K.
+std::atomic<int> g_half_gemm_native{-1};  // bmm(out_dtype = float32) works: -1 unknown, 0 no, 1 yes
+
 at::Tensor bmm_f32(const at::Tensor& a, const at::Tensor& b) {
-  try {
-    return at::bmm(a, b, at::kFloat);  // cuBLAS half GEMM with a float32 output
-  } catch (const c10::Error&) {
-    return at::bmm(a.to(at::kFloat), b.to(at::kFloat));  // a libtorch without bmm(out_dtype)
+  if (g_half_gemm_native.load() != 0) {
+    try {
+      at::Tensor out = at::bmm(a, b, at::kFloat);  // cuBLAS half GEMM with a float32 output
+      g_half_gemm_native.store(1);
+      return out;
+    } catch (const c10::Error&) {
+      g_half_gemm_native.store(0);  // a libtorch without bmm(out_dtype): never try again
+    }
   }
+  return at::bmm(a.to(at::kFloat), b.to(at::kFloat));
 }
 
 at::Tensor gemm_acc(const at::Tensor& a, const at::Tensor& b, at::ScalarType cd, at::ScalarType acc) {
@@ -174,6 +183,15 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
   return r;
 }
 
+// Chunk of the causal scan when chunk_size is 0: balances the per-token cost of the in-chunk
+// (C, C) weights (~C) against that of the per-chunk (F, E) moments (~F E / C).
+int64_t auto_chunk(int64_t F, int64_t E) {
+  const double c = std::sqrt(0.67 * double(F) * double(E));
+  int64_t p2 = 32;
+  while (p2 * 2 <= c && p2 < 512) p2 *= 2;
+  return p2;
+}
+
 at::Tensor pad_rows(const at::Tensor& t, int64_t front, int64_t total) {
   if (!t.defined()) return t;
   const int64_t back = total - front - t.size(1);
@@ -185,7 +203,20 @@ at::Tensor pad_rows(const at::Tensor& t, int64_t front, int64_t total) {
   return at::cat(parts, 1);
 }
 
+// The dtype the core computes in. float32 inputs run in float64: the factorised sums cancel
+// (sum_f phi_f S_f is much smaller than its terms), and in float32 their error was 5-10x that of
+// the plain definition on an H100 (d 32..128); H100 float64 GEMMs run at the float32 SIMT rate.
+// bf16 / fp16 stay half on CUDA (tensor cores, float32 accumulation) and become float32 on the CPU.
+at::ScalarType compute_type(const at::Tensor& q) {
+  const at::ScalarType t = q.scalar_type();
+  if (t == at::kDouble || t == at::kFloat) return at::kDouble;
+  if (is_half(t) && !q.is_cuda()) return at::kFloat;
+  return t;
+}
+
 }  // namespace
+
+int fastmax_half_gemm_state() { return g_half_gemm_native.load(); }
 
 at::Tensor fastmax_features(const at::Tensor& x, const FastmaxCoef& c, bool with_coef) {
   const int64_t D = x.size(-1);
@@ -246,6 +277,7 @@ FastmaxScanResult fastmax_scan(const at::Tensor& x, const at::Tensor& y, const a
     return r;
   }
   const int64_t len = std::max(Lx2, Ly);
+  if (chunk <= 0) chunk = auto_chunk(fastmax_num_features(c.p, x.size(2)), w.size(2));
   const int64_t C = std::min(chunk, len);
   const int64_t L = (len + C - 1) / C * C;
   at::Tensor xs = drop > 0 ? x.narrow(1, drop, Lx - drop) : x;
@@ -264,11 +296,8 @@ FastmaxScanResult fastmax_scan(const at::Tensor& x, const at::Tensor& y, const a
 
 FastmaxCoreForward fastmax_core_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                         const FastmaxCoef& c, bool causal, int64_t chunk, bool cuda) {
-  // bf16 / fp16 on the CPU: compute in float32 (the half GEMM tricks are for tensor cores).
-  const bool upcast = !q_in.is_cuda() && is_half(q_in.scalar_type());
-  at::Tensor q = upcast ? q_in.to(at::kFloat) : q_in;
-  at::Tensor k = upcast ? k_in.to(at::kFloat) : k_in;
-  at::Tensor v = upcast ? v_in.to(at::kFloat) : v_in;
+  const at::ScalarType cd = compute_type(q_in);
+  at::Tensor q = q_in.to(cd), k = k_in.to(cd), v = v_in.to(cd);
   const int64_t N = q.size(0), I = q.size(1), J = k.size(1), Dv = v.size(2);
   at::Tensor w = at::cat({v, at::ones({N, J, 1}, v.options())}, -1);  // [v, 1]
   FastmaxScanResult r = fastmax_scan(q, k, w, at::Tensor(), c, causal, J - I, false, chunk, true, cuda);
@@ -283,10 +312,8 @@ FastmaxCoreForward fastmax_core_forward(const at::Tensor& q_in, const at::Tensor
 FastmaxCoreBackward fastmax_core_backward(const at::Tensor& dout, const at::Tensor& q_in, const at::Tensor& k_in,
                                           const at::Tensor& v_in, const at::Tensor& o32, const at::Tensor& den,
                                           const FastmaxCoef& c, bool causal, int64_t chunk, bool cuda) {
-  const bool upcast = !q_in.is_cuda() && is_half(q_in.scalar_type());
-  at::Tensor q = upcast ? q_in.to(at::kFloat) : q_in;
-  at::Tensor k = upcast ? k_in.to(at::kFloat) : k_in;
-  at::Tensor v = upcast ? v_in.to(at::kFloat) : v_in;
+  const at::ScalarType cd = compute_type(q_in);
+  at::Tensor q = q_in.to(cd), k = k_in.to(cd), v = v_in.to(cd);
   const int64_t N = q.size(0), I = q.size(1), J = k.size(1), Dv = v.size(2);
   at::Tensor w = at::cat({v, at::ones({N, J, 1}, v.options())}, -1);
   // G = [g / den, -(g / den) . o]: dL/dA_ij = G_i . [v_j, 1].

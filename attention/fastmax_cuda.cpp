@@ -30,6 +30,7 @@ namespace {
 
 bool kernel_dtype(at::ScalarType t, cuda::FmDtype* out) {
   switch (t) {
+    case at::kDouble: *out = cuda::FmDtype::kF64; return true;
     case at::kFloat: *out = cuda::FmDtype::kF32; return true;
     case at::kBFloat16: *out = cuda::FmDtype::kBF16; return true;
     case at::kHalf: *out = cuda::FmDtype::kF16; return true;
@@ -76,7 +77,8 @@ at::Tensor fastmax_feature_grad_cuda(const at::Tensor& u, const at::Tensor& x, c
 #ifdef FLASHCOS_WITH_CUDA
   cuda::FmDtype dt;
   const int64_t D = x.size(-1);
-  if (!kernel_dtype(x.scalar_type(), &dt) || u.scalar_type() != at::kFloat || D > cuda::kFastmaxMaxHeadDim)
+  const at::ScalarType ut = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (!kernel_dtype(x.scalar_type(), &dt) || u.scalar_type() != ut || D > cuda::kFastmaxMaxHeadDim)
     return fastmax_feature_grad(u, x, c);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor uc = u.contiguous(), xc = x.contiguous();
@@ -84,9 +86,9 @@ at::Tensor fastmax_feature_grad_cuda(const at::Tensor& u, const at::Tensor& x, c
   TORCH_CHECK(uc.size(-1) == F, "fastmax: feature gradient expects ", F, " features, got ", uc.size(-1));
   at::Tensor gx = at::empty({uc.size(0), D}, u.options());
   cuda::FastmaxFeatureGradParams p;
-  p.u = uc.data_ptr<float>();
+  p.u = uc.data_ptr();
   p.x = xc.data_ptr();
-  p.gx = gx.data_ptr<float>();
+  p.gx = gx.data_ptr();
   p.rows = uc.size(0);
   p.d = int(D);
   p.f = int(F);

@@ -66,6 +66,10 @@ FastmaxCoreBackward fastmax_core_backward(const at::Tensor& dout, const at::Tens
                                           const FastmaxCoef& c, bool causal, int64_t chunk,
                                           bool use_cuda_kernels);
 
+// 1 when bf16 / fp16 GEMMs with a float32 output (at::bmm out_dtype) worked, 0 when they threw
+// (float32 GEMMs are used instead), -1 before the first one.
+int fastmax_half_gemm_state();
+
 // CUDA kernels behind the feature maps (attention/fastmax_cuda.cpp); error without CUDA.
 at::Tensor fastmax_features_cuda(const at::Tensor& x, const FastmaxCoef& c, bool with_coef);
 at::Tensor fastmax_feature_grad_cuda(const at::Tensor& u, const at::Tensor& x, const FastmaxCoef& c);

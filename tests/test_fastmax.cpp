@@ -241,7 +241,7 @@ TEST(FastmaxCpu, ChunkSizeDoesNotChangeTheResult) {
   at::Tensor q = at::randn({1, 2, 77, 8}, f64()) * 0.4, k = at::randn({1, 2, 77, 8}, f64()) * 0.4;
   at::Tensor v = at::randn({1, 2, 77, 8}, f64());
   at::Tensor base = flashcos::fastmax_attention(q, k, v, FastmaxOptions().causal(true).chunk_size(1));
-  for (int64_t c : {2, 7, 32, 77, 1000})
+  for (int64_t c : {0, 2, 7, 32, 77, 1000})
     EXPECT_LE(max_abs(flashcos::fastmax_attention(q, k, v, FastmaxOptions().causal(true).chunk_size(c)), base), 1e-12)
         << "chunk " << c;
 }
@@ -308,7 +308,8 @@ TEST(FastmaxValidation, Options) {
   EXPECT_NO_THROW(check_fastmax_options(FastmaxOptions().a1(2).a2(0.5).normalize(true).lim(0.5)));
   expect_error([] { check_fastmax_options(FastmaxOptions().temperature(0)); }, "temperature");
   expect_error([] { check_fastmax_options(FastmaxOptions().lim(-1)); }, "lim");
-  expect_error([] { check_fastmax_options(FastmaxOptions().chunk_size(0)); }, "chunk_size");
+  expect_error([] { check_fastmax_options(FastmaxOptions().chunk_size(-1)); }, "chunk_size");
+  EXPECT_NO_THROW(check_fastmax_options(FastmaxOptions().chunk_size(0)));  // automatic
   EXPECT_DOUBLE_EQ(flashcos::fastmax_min_weight(FastmaxOptions()), 0.5);
 }
 
