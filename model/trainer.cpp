@@ -28,6 +28,7 @@
 #include "model/device.h"
 #include "model/generate.h"
 #include "model/gpt.h"
+#include "model/optim.h"
 
 namespace flashcos::model {
 namespace fs = std::filesystem;
@@ -211,10 +212,10 @@ int train(TrainConfig cfg) {
   model->to(device);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (cfg.weight_decay > 0) {
-    optimizer = std::make_unique<torch::optim::AdamW>(model->parameters(),
+    optimizer = std::make_unique<FusedAdamW>(model->parameters(),
                                                       torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
   } else {
-    optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(cfg.lr));
+    optimizer = std::make_unique<FusedAdam>(model->parameters(), torch::optim::AdamOptions(cfg.lr));
   }
   TrainState state;
   state.loss_scale = precision.loss_scaling ? 65536.0 : 1.0;
