@@ -14,9 +14,11 @@ using torch::autograd::variable_list;
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const at::Tensor& bias, const at::Tensor& mask,
-                               bool causal, double scale, bool exp_kind, bool bias_batch_dim,
-                               int64_t tile_size, bool fused) {
+                               const at::Tensor& v, const std::optional<at::Tensor>& bias_opt,
+                               const std::optional<at::Tensor>& mask_opt, bool causal, double scale,
+                               bool exp_kind, bool bias_batch_dim, int64_t tile_size, bool fused) {
+    // bias / mask come as optionals: Function::apply cannot take undefined at::Tensor inputs.
+    const at::Tensor bias = bias_opt.value_or(at::Tensor()), mask = mask_opt.value_or(at::Tensor());
     CoreArgs args{causal, scale, exp_kind, bias_batch_dim, tile_size};
     // Autocast must not re-cast inside the kernels' libtorch glue: dtypes are fixed at the entry.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -54,8 +56,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 
 at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                               const at::Tensor& bias, const CoreArgs& args, bool fused) {
-  return AttentionFunction::apply(q, k, v, bias, mask, args.causal, args.scale, args.exp_kind, args.bias_batch_dim,
-                                  args.tile_size, fused)[0];
+  return AttentionFunction::apply(q, k, v, std::optional<at::Tensor>(bias), std::optional<at::Tensor>(mask),
+                                  args.causal, args.scale, args.exp_kind, args.bias_batch_dim, args.tile_size,
+                                  fused)[0];
 }
 
 }  // namespace flashcos::detail

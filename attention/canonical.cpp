@@ -1,5 +1,7 @@
 #include "attention/canonical.h"
 
+#include <limits>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -124,14 +126,19 @@ at::Tensor plain_attention_core(const Canonical& c, const AttentionOptions& opti
     sim = sim + (options.attn_bias_batch_dim() ? c.bias.unsqueeze(1) : c.bias.unsqueeze(0));
   }
   auto keep = keep_matrix(c.mask, options.causal(), c.I, c.J, 0, c.I, 0, c.J, c.q.options());
-  if (keep.defined()) sim = sim.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
-  auto p = sim.exp();
-  auto o = at::matmul(p, v);
-  if (exp_kind) return o;
-  auto l = p.sum(-1, /*keepdim=*/true);
-  // A row with nothing to attend has p = 0, so o = 0 / 1 = 0 with finite gradients.
-  auto l_safe = at::where(l > 0, l, at::ones_like(l));
-  return o / l_safe;
+  if (exp_kind) {
+    if (keep.defined()) sim = sim.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+    return at::matmul(sim.exp(), v);
+  }
+  // Cosine kind through softmax (it subtracts the row max; the constant "- scale" cancels): exp(sim) / l
+  // with autograd differentiates 1 / l^2, which overflows fp16 when a row sees few, dissimilar keys.
+  // A row with nothing to attend gets zero logits before the softmax and zero weights after it.
+  if (!keep.defined()) return at::matmul(sim.softmax(-1), v);
+  auto row_any = keep.any(-1, /*keepdim=*/true);
+  sim = sim.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity())
+            .masked_fill(row_any.logical_not(), 0.0);
+  auto attn = sim.softmax(-1).masked_fill(row_any.logical_not(), 0.0);
+  return at::matmul(attn, v);
 }
 
 }  // namespace flashcos::detail

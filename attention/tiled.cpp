@@ -47,7 +47,7 @@ at::Tensor block_probs(const at::Tensor& q5, const at::Tensor& k5, const at::Ten
   }
   auto keep = keep_matrix(mask, args.causal, t.I, t.J, i0, i1, j0, j1, s.options());
   if (keep.defined()) {
-    keep = keep.view({keep.size(0), 1, 1, ic, jc});
+    keep = keep.view({keep.size(0), 1, 1, keep.size(-2), jc});  // (B or 1, 1, 1, ic or 1, jc)
     s.masked_fill_(keep.logical_not(), -std::numeric_limits<double>::infinity());
   }
   return s.exp_();
