@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -57,10 +58,12 @@ class TempDir {
   TempDir() {
     path_ = fs::temp_directory_path() / ("flashcos_test_" + std::to_string(::getpid()) + "_" +
                                          ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
+    remove_tree();
     fs::create_directories(path_);
   }
-  ~TempDir() { fs::remove_all(path_); }
+  // Not fs::remove_all: libtorch.so exports its own copy, which crashed on one toolchain.
+  ~TempDir() { remove_tree(); }
+  void remove_tree() const { std::system(("rm -rf '" + path_.string() + "'").c_str()); }
   std::string str(const std::string& name = "") const { return (path_ / name).string(); }
 
  private:
