@@ -54,7 +54,7 @@ int run_eval(int argc, char** argv) {
     if (batch < 1) throw std::invalid_argument("--batch must be >= 1");
     const std::string which = r["which"].as<std::string>();
     if (which != "test" && which != "val") throw std::invalid_argument("--which must be test or val");
-    if (!std::ifstream(data_path) && std::ifstream(data_path + ".gz")) data_path += ".gz";
+    data_path = data::resolve_corpus_path(data_path);
     auto corpus = data::load_corpus(data_path, data::parse_split(split), seq_len + 1);
     auto windows = data::fixed_windows(which == "test" ? corpus.test : corpus.val, seq_len, r["max-windows"].as<int64_t>());
     std::string precision = r["precision"].as<std::string>();

@@ -50,8 +50,7 @@ int run_sample(int argc, char** argv) {
       if (text.empty()) throw std::invalid_argument("--prime must not be empty");
       prime = data::encode_text(text);
     } else {
-      std::string data_path = r["data"].as<std::string>();
-      if (!std::ifstream(data_path) && std::ifstream(data_path + ".gz")) data_path += ".gz";
+      const std::string data_path = data::resolve_corpus_path(r["data"].as<std::string>());
       const int64_t n = r["prime-length"].as<int64_t>();
       auto corpus = data::load_corpus(data_path, data::parse_split(r["split"].as<std::string>()), n + 1);
       auto gen = at::make_generator<at::CPUGeneratorImpl>(r["seed"].as<uint64_t>());

@@ -3,6 +3,8 @@
 // the three split tensors view; the buffer is freed when the last of them goes away.
 #include "data/corpus.h"
 
+#include <fstream>
+
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <zlib.h>
@@ -469,6 +471,12 @@ at::Tensor encode_text(const std::string& text) {
   int64_t* d = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) d[i] = static_cast<unsigned char>(text[i]);
   return out;
+}
+
+std::string resolve_corpus_path(const std::string& path) {
+  if (std::ifstream(path)) return path;
+  if (std::ifstream(path + ".gz")) return path + ".gz";
+  return path;
 }
 
 }  // namespace flashcos::data

@@ -44,6 +44,9 @@ struct Corpus {
 // Reads a raw or gzip file (detected by magic bytes). Errors (std::runtime_error) name the file,
 // what was wrong (missing, unreadable, truncated gzip, too small for the split or for
 // min_split_bytes per split) and point to scripts/download_enwik8.sh.
+// `path` when it exists, else `path`.gz when that exists, else `path` (load_corpus then reports it).
+std::string resolve_corpus_path(const std::string& path);
+
 Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes);
 
 // Random crops of seq_len + 1 bytes from one split, from a seeded generator whose state can be

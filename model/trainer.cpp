@@ -101,12 +101,6 @@ std::string format_duration(double seconds) {
   return strf("%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
 }
 
-std::string resolve_data_path(const std::string& path) {
-  if (fs::exists(path)) return path;
-  if (fs::exists(path + ".gz")) return path + ".gz";
-  return path;  // load_corpus reports the missing file with the download hint
-}
-
 double lr_at(const TrainConfig& cfg, int64_t step) {
   if (cfg.warmup > 0 && step < cfg.warmup) return cfg.lr * static_cast<double>(step + 1) / cfg.warmup;
   if (cfg.schedule == "cosine") {
@@ -202,7 +196,7 @@ int train(TrainConfig cfg) {
   const std::string ckpt_path = (run_dir / "latest.pt").string();
 
   // ---- data ----
-  cfg.data = resolve_data_path(cfg.data);
+  cfg.data = data::resolve_corpus_path(cfg.data);
   auto corpus = data::load_corpus(cfg.data, data::parse_split(cfg.split), cfg.seq_len + 1);
   data::BatchSampler sampler(corpus.train, cfg.seq_len, cfg.batch, cfg.seed);
   auto val_windows = data::fixed_windows(corpus.val, cfg.seq_len, cfg.val_windows);
