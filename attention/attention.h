@@ -69,6 +69,9 @@ at::Tensor plain_cosine_sim_attention(const at::Tensor& q, const at::Tensor& k,
 
 /// l2-normalise the last dim of t in `groups` equal chunks.
 at::Tensor l2norm(const at::Tensor& t, int64_t groups = 1);
+// The same through libtorch's RMSNorm (y = rms_norm(x) / sqrt(group size)), any device; l2norm
+// takes it for fp16 / bf16 CUDA tensors.
+at::Tensor rms_l2norm(const at::Tensor& t, int64_t groups = 1);
 
 /// True when this build has the fused CUDA kernels compiled in.
 bool fused_kernels_compiled();

@@ -157,7 +157,7 @@ fc::FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 struct BwdBuffers {
-  at::Tensor delta, inv_l, dq_accum, dq, dk, dv, dbias_accum;
+  at::Tensor delta, row_offset, dq_accum, dq, dk, dv, dbias_accum;
 };
 
 fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -172,7 +172,7 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
   p.do_b_stride = dout.stride(0), p.do_h_stride = dout.stride(1), p.do_i_stride = dout.stride(2);
   p.l = l.defined() ? l.data_ptr() : nullptr;
   p.delta = buf.delta.data_ptr();
-  p.inv_l = buf.inv_l.defined() ? buf.inv_l.data_ptr() : nullptr;
+  p.row_offset = buf.row_offset.defined() ? buf.row_offset.data_ptr() : nullptr;
   p.dq_accum = buf.dq_accum.defined() ? buf.dq_accum.data_ptr() : nullptr;
   p.dq = buf.dq_accum.defined() ? nullptr : buf.dq.data_ptr();
   p.dk = buf.dk.data_ptr();
@@ -229,7 +229,7 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   buf.delta = at::empty({B, H, I}, acc_opts);  // (B, H, I)
   buf.dq = at::empty({B, H, I, D}, q.options());
   if (is_16bit(q.scalar_type())) {
-    buf.inv_l = at::empty({B, H, I}, acc_opts);           // (B, H, I)
+    buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
     buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);     // (B, H, I, D)
   }
   buf.dk = at::empty({B, Hkv, J, D}, q.options());

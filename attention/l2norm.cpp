@@ -4,6 +4,8 @@
 // that chain held several hundred MiB per layer. Norms are taken in float32 (float64 for double).
 //   backward: dx = r * (dy - y * sum_g(dy * y))   where the norm exceeds eps, else r * dy.
 #include <ATen/ATen.h>
+
+#include <cmath>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "attention/attention.h"
@@ -56,7 +58,29 @@ class L2NormFunction : public torch::autograd::Function<L2NormFunction> {
 at::Tensor l2norm(const at::Tensor& t, int64_t groups) {
   TORCH_CHECK(t.dim() >= 1 && groups >= 1 && t.size(-1) % groups == 0, "flashcos l2norm: groups (", groups,
               ") must divide the last dim ", t.dim() >= 1 ? t.size(-1) : 0);
+  // On CUDA, x / |x| = rms_norm(x) / sqrt(gs): libtorch's fused RMSNorm does it in one pass each
+  // way (the op chain above costs ~10 fp32 passes over q and k). The 1 / sqrt(gs) goes in as the
+  // norm's weight where it is exact in the input dtype (gs a power of 4: 4, 16, 64, 256), else
+  // as a multiply afterwards.
+  if (t.is_cuda() && at::isReducedFloatingType(t.scalar_type()) && t.numel() > 0) {
+    return rms_l2norm(t, groups);
+  }
   return L2NormFunction::apply(t, groups)[0];
+}
+
+at::Tensor rms_l2norm(const at::Tensor& t, int64_t groups) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const int64_t gs = t.size(-1) / groups;
+  const double inv_sqrt = 1.0 / std::sqrt(static_cast<double>(gs));
+  const bool exact = (gs & (gs - 1)) == 0 && __builtin_ctzll(static_cast<unsigned long long>(gs)) % 2 == 0;
+  // eps: (kEps^2 / gs) under the mean matches max(|x|, kEps) where |x| is not ~0.
+  const double eps = kEps * kEps / static_cast<double>(gs);
+  auto g = grouped(t, groups);
+  if (exact) {
+    auto w = at::full({gs}, inv_sqrt, t.options().requires_grad(false));
+    return at::rms_norm(g, {gs}, w, eps).reshape(t.sizes());
+  }
+  return (at::rms_norm(g, {gs}, std::nullopt, eps) * inv_sqrt).reshape(t.sizes());
 }
 
 }  // namespace flashcos

@@ -4,6 +4,9 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
+#include <ATen/ops/rms_norm.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include "attention/attention.h"
 #include "attention/fastmax.h"
 
@@ -32,10 +35,20 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
     if (cfg_.attention_impl == "sdpa") {
       // Softmax is shift-invariant, so softmax(scale * q.k) on l2-normalised q, k is exactly the
-      // cosine-sim attention (no key mask here, so no row is ever empty).
-      q = l2norm(q, cfg_.l2norm_groups);
-      k = l2norm(k, cfg_.l2norm_groups);
-      o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, cfg_.attn_scale);
+      // cosine-sim attention (no key mask here, so no row is ever empty). q, k are normalised by
+      // RMSNorm (one fused pass each way on CUDA) on their contiguous (B, T, heads, groups, gs)
+      // projections: rms_norm(x) = sqrt(gs) x / |x| per group, so the scale becomes scale / gs.
+      const int64_t G = cfg_.l2norm_groups, gs = HS / G;
+      auto rms = [&](const torch::Tensor& t) {
+        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+        return at::rms_norm(t.view({B, T, NH * G, gs}), {gs}, std::nullopt, 1e-24 / static_cast<double>(gs))
+            .view({B, T, NH, HS})
+            .transpose(1, 2);
+      };
+      q = rms(q.transpose(1, 2));
+      k = rms(k.transpose(1, 2));
+      o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
+                                           cfg_.attn_scale / static_cast<double>(gs));
     } else if (cfg_.attention_impl == "plain") {
       o = plain_cosine_sim_attention(q, k, v, opts);
     } else {

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [bench] [converge]   (default: build tests train bench)
+#   scripts/gpu_check.sh [build] [tests] [train] [bench] [matrix] [converge] [fastmax]
+#   (default: build tests train bench)
+# matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384.
+# fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
+# at seq 2048 with --attention fastmax beside the cosine (sdpa) model.
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
 # TRAIN_STEPS (default 40) steps per throughput run; CONVERGE_STEPS (default 500) for `converge`.
 set -uo pipefail
@@ -64,6 +68,28 @@ if has converge; then
         --generate-every 0 --save-every 100000 --log-every 50 --checkpoint-dir "$OUT/ck" --run conv-$impl $flag \
         > "$OUT/converge_$impl.log" 2>&1
     row "converge $impl (val bpc by 100s)" "$(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$OUT/converge_$impl.log" | awk '{print $5}' | tr '\n' ' ')"
+  done
+fi
+
+if has matrix; then
+  for c in "--causal" ""; do
+    tag=$([ -n "$c" ] && echo causal || echo full)
+    "$TRAIN" bench $c --dtype bf16,fp16 --dim-head 64,128 --seq-lens 4096,8192,16384 \
+        --impls fused,sdpa-flash,sdpa-cudnn --json "$OUT/matrix_$tag.json" > "$OUT/matrix_$tag.log" 2>&1
+    row "matrix $tag" "rc $? (see matrix_$tag.log)"
+  done
+fi
+
+if has fastmax; then
+  "$TRAIN" bench --attention fastmax --causal --dtype bf16 --dim-head 64 --seq-lens 16384,32768,65536,131072 \
+      --impls fastmax-cuda,fused,sdpa-flash,sdpa-cudnn --json "$OUT/fastmax_bench.json" > "$OUT/fastmax_bench.log" 2>&1
+  row "bench fastmax causal" "rc $? (see fastmax_bench.log)"
+  for att in fastmax cosine; do
+    extra="--attention fastmax"; [ $att = cosine ] && extra="--attention-impl sdpa"
+    "$TRAIN" --data "$DATA" --seq-len 2048 --batch 4 --grad-accum 1 --steps "${FASTMAX_STEPS:-2000}" \
+        --validate-every 250 --val-windows 32 --generate-every 0 --save-every 100000 --log-every 100 \
+        --checkpoint-dir "$OUT/ck" --run fm-$att $extra > "$OUT/fastmax_train_$att.log" 2>&1
+    row "train $att seq 2048 (val bpc)" "rc $?: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$OUT/fastmax_train_$att.log" | awk '{print $5}' | tr '\n' ' ')"
   done
 fi
 

@@ -438,6 +438,26 @@ TEST_F(AttentionCpu, L2normGroups) {
   }
 }
 
+// flashcos::rms_l2norm (the CUDA fp16 / bf16 l2norm): values and gradients equal the l2norm
+// Function's in float64, for group sizes where 1 / sqrt(gs) is exact (64, 16) and where it is not
+// (32, 8), on a non-contiguous input.
+TEST_F(AttentionCpu, RmsL2normMatchesL2norm) {
+  at::manual_seed(14);
+  for (int64_t groups : {1, 2, 4, 8}) {
+    const at::Tensor base = at::randn({2, 7, 3, 64}, at::kDouble);
+    const at::Tensor x1 = base.transpose(1, 2).detach().requires_grad_(true);  // (2, 3, 7, 64) strided
+    const at::Tensor x2 = base.transpose(1, 2).detach().requires_grad_(true);
+    const at::Tensor y1 = flashcos::rms_l2norm(x1, groups);
+    const at::Tensor y2 = flashcos::l2norm(x2, groups);
+    ASSERT_EQ(y1.sizes(), x1.sizes());
+    EXPECT_LE(rel_err(y1, y2), 1e-13) << "groups " << groups;
+    const at::Tensor dy = at::randn(y1.sizes(), at::kDouble);
+    (y1 * dy).sum().backward();
+    (y2 * dy).sum().backward();
+    EXPECT_LE(rel_err(x1.grad(), x2.grad()), 1e-12) << "groups " << groups;
+  }
+}
+
 // ---- finite differences ----------------------------------------------------------------------
 
 // Central differences of sum(out * dout) in float64 against autograd through the public API:

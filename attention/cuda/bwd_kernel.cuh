@@ -8,7 +8,8 @@
 // Each warp owns 16 keys and computes S^T = K Q^T and dP^T = V dO^T directly in the transposed
 // orientation, so P^T and dS^T are already the A operands of dV and dK (kept in registers).
 // dS^T goes through shared memory once for dQ = dS K, which is added to a zeroed fp32 buffer
-// with atomics (scale folded in). D_i and 1 / l_i come from delta_kernel, run first.
+// with atomics (scale folded in). D_i and the row offset c_i = -scale log2e - log2 l_i (P =
+// exp2(S scale log2e + c_i)) come from delta_kernel, run first.
 #pragma once
 
 #include "attention/cuda/mma.cuh"
@@ -16,14 +17,14 @@
 
 namespace flashcos::cuda {
 
-// 8 warps x 64 query rows (32 at d128, for registers): the configuration the GPU test suite and
-// sanitizers passed with. Timed faster on the H100 but not yet run through the test suite
-// (docs/kernels.md): d64 4 warps x 32 rows (155 vs 142 TFLOP/s), d128 8 warps x 64 rows (197 vs 181).
+// Warps x query rows per step, timed on the H100 (b4 h8 n8192 bf16, docs/kernels.md):
+// d64 4 warps x 32 rows (155 TFLOP/s vs 142 with 8 x 64), d128 8 warps x 64 rows (197 vs 181 with
+// 8 x 32); the other head dims keep 8 warps x 64 rows.
 template <int D>
 struct BwdTile {
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = D == 64 ? 4 : 8;
   static constexpr int kBN = 16 * kWarps;        // keys per CTA (16 per warp)
-  static constexpr int kBM = D <= 96 ? 64 : 32;  // query rows per step
+  static constexpr int kBM = D == 64 ? 32 : 64;  // query rows per step
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchS = kBM + 8;     // dS^T tile (kBN, kBM)
@@ -37,8 +38,8 @@ struct BwdTile {
   }
 };
 
-// D_i = do_i . o_i in fp32 (one warp per row; 0 for the exp kind), and, when p.inv_l is set,
-// 1 / l_i (0 for an empty row, 1 for the exp kind).
+// D_i = do_i . o_i in fp32 (one warp per row; 0 for the exp kind), and, when p.row_offset is
+// set, c_i = -scale log2e - log2 l_i (-inf for an empty row, 0 for the exp kind).
 template <typename T, typename Acc>
 __global__ void delta_kernel(const BwdParams p) {
   const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
@@ -58,13 +59,13 @@ __global__ void delta_kernel(const BwdParams p) {
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
     static_cast<Acc*>(p.delta)[row] = acc;
-    if (p.inv_l != nullptr) {
-      float inv = 1.f;
+    if (p.row_offset != nullptr) {
+      float c = 0.f;
       if (!p.exp_kind) {
         const float l = static_cast<const float*>(p.l)[row];
-        inv = l > 0.f ? 1.f / l : 0.f;
+        c = l > 0.f ? -p.scale * kLog2e - log2f(l) : -INFINITY;
       }
-      static_cast<float*>(p.inv_l)[row] = inv;
+      static_cast<float*>(p.row_offset)[row] = c;
     }
   }
 }
@@ -93,8 +94,8 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
   T* sQ = sV + kBN * kPitch;               // (2, kBM, kPitch)
   T* sdO = sQ + 2 * kBM * kPitch;          // (2, kBM, kPitch)
   T* sdS = sdO + 2 * kBM * kPitch;         // (kBN, kPitchS): dS^T
-  float* sInvL = reinterpret_cast<float*>(sdS + kBN * kPitchS);  // (2, kBM): 1 / l, 0 off range
-  float* sDelta = sInvL + 2 * kBM;                                 // (2, kBM)
+  float* sRowC = reinterpret_cast<float*>(sdS + kBN * kPitchS);  // (2, kBM): c_i, -inf off range
+  float* sDelta = sRowC + 2 * kBM;                                 // (2, kBM)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -114,9 +115,8 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
   const int n_iters = group * per_head;
 
   const float scale_log2 = p.scale * kLog2e;
-  const float offset_log2 = p.exp_kind ? 0.f : -scale_log2;
   const bool has_mask = p.mask != nullptr, has_bias = p.bias != nullptr;
-  const float* gInvL = static_cast<const float*>(p.inv_l);  // (B, H, I)
+  const float* gRowC = static_cast<const float*>(p.row_offset);  // (B, H, I)
   const float* gDelta = static_cast<const float*>(p.delta);  // (B, H, I)
 
   // This thread's two key rows: c = n0 + warp * 16 + g + 8 e0.
@@ -127,8 +127,9 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
     key_ok[e0] = c < J && (!has_mask || p.mask[b * p.mask_b_stride + c * p.mask_j_stride]);
   }
 
-  // Issues the loads of iteration `it` into `stage`, all by cp.async: Q, dO, 1 / l and D_i (a
-  // synchronous load of the last two cost a global-memory round trip per step).
+  // Issues the loads of iteration `it` into `stage`, all by cp.async: Q, dO, c_i and D_i (a
+  // synchronous load of the last two cost a global-memory round trip per step). Rows past I get
+  // c = -inf (so P = 0 there) by a plain store, seen after the __syncthreads before their use.
   auto load_step = [&](int it, int stage) {
     const int h = hkv * group + it / per_head;
     const int m0 = (m_start + it % per_head) * kBM;
@@ -142,7 +143,11 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
     if (tid < kBM) {
       const int r = m0 + tid;
       const int64_t row = (int64_t(b) * H + h) * I + min(r, I - 1);
-      cp_async_4(sInvL + stage * kBM + tid, gInvL + row, r < I);  // rows past I: 0
+      if (r < I) {
+        cp_async_4(sRowC + stage * kBM + tid, gRowC + row, true);
+      } else {
+        sRowC[stage * kBM + tid] = -INFINITY;
+      }
       cp_async_4(sDelta + stage * kBM + tid, gDelta + row, r < I);
     }
   };
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
     __syncthreads();
     const T* sQs = sQ + stage * kBM * kPitch;
     const T* sdOs = sdO + stage * kBM * kPitch;
-    const float* sInvLs = sInvL + stage * kBM;
+    const float* sRowCs = sRowC + stage * kBM;
     const float* sDeltas = sDelta + stage * kBM;
 
     // S^T = K Q^T and dP^T = V dO^T, (16 keys, kBM queries) per warp.
@@ -217,7 +222,7 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
       for (int e = 0; e < 4; ++e) {
         const int e0 = e / 2;
         const int rl = nt * 8 + 2 * t + (e % 2);  // query row within the block
-        float x = fmaf(rS[nt][e], scale_log2, offset_log2);
+        float x = fmaf(rS[nt][e], scale_log2, sRowCs[rl]);
         bool ok = true;
         if (elementwise) {
           const int c = n0 + warp * 16 + g + 8 * e0;
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
           ok = key_ok[e0] && r < I && (!p.causal || c <= r + diag);
           if (has_bias && ok) x = fmaf(gBias[r * p.bias_i_stride + c * p.bias_j_stride], kLog2e, x);
         }
-        const float pe = ok ? fast_exp2(x) * sInvLs[rl] : 0.f;
+        const float pe = ok ? fast_exp2(x) : 0.f;
         const float ds = pe * (rdP[nt][e] - sDeltas[rl]);
         rS[nt][e] = pe;
         rdP[nt][e] = ds;

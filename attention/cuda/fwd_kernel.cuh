@@ -4,11 +4,20 @@
 // offset = -scale log2e for the cosine kind (every logit <= bias, so no running row max and no
 // rescaling of O), 0 for the exp kind (no l). Masked / non-causal / out-of-range keys give P = 0;
 // a row with nothing to attend has l = 0 and writes o = 0.
+// l sums P after its rounding to the 16-bit type, the P that P V multiplies, so o is the exact
+// weighted mean of v for those weights (a single key gives o = v exactly).
+// Dynamic range: P goes to P V as fp16 / bf16. exp(scale (cos - 1)) spans 2 scale log2e binades.
+// fp16 (normal down to 2^-14) adds a fixed 2^15 to P (l scaled back on the way out), which
+// covers scale <= 10; for larger scales or with a bias, fp16 uses the kOnline variant, which
+// keeps a running row max m (FlashAttention's online softmax: O, l rescaled when m grows).
+// bf16 has fp32's exponent range and takes kOnline only past scale 34 (P < 2^-100).
 //
 // One CTA owns kBM = 16 kMT kWarps query rows of one (b, h) and streams K, V tiles of kBN keys
 // through a two-stage cp.async pipeline. Each warp keeps its Q rows (rQ), S (rS) and O (rO) in
 // registers; P never leaves registers (the S accumulator is repacked as the A operand of P V).
 #pragma once
+
+#include <type_traits>
 
 #include "attention/cuda/mma.cuh"
 #include "attention/cuda/params.h"
@@ -31,7 +40,12 @@ struct FwdTile {
   }
 };
 
-template <typename T, int D>
+// log2 of the fixed factor on P in the non-online cosine path: 2^15 keeps fp16 P normal for
+// scale <= (14 + 15) / (2 log2e) = 10.05 and below 2^15 < 65504 (no bias in that path).
+template <typename T>
+constexpr float kFwdShiftLog2 = std::is_same_v<T, __half> ? 15.f : 0.f;
+
+template <typename T, int D, bool kOnline>
 __global__ void __launch_bounds__(FwdTile<D>::kThreads)
     fwd_kernel(const FwdParams p) {
   using Tile = FwdTile<D>;
@@ -83,15 +97,17 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
 
   float rO[kMT][kDT][4];
   float rL[kMT][2];
+  float rM[kMT][2];  // kOnline: running row max of the log2 logits (-inf: nothing seen yet)
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
     rL[mt][0] = rL[mt][1] = 0.f;
+    rM[mt][0] = rM[mt][1] = -INFINITY;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) rO[mt][dt][0] = rO[mt][dt][1] = rO[mt][dt][2] = rO[mt][dt][3] = 0.f;
   }
 
   const float scale_log2 = p.scale * kLog2e;
-  const float offset_log2 = p.exp_kind ? 0.f : -scale_log2;
+  const float offset_log2 = p.exp_kind ? 0.f : kOnline ? -scale_log2 : kFwdShiftLog2<T> - scale_log2;
   const bool has_mask = p.mask != nullptr, has_bias = p.bias != nullptr;
   const float* gBias = nullptr;  // (I, J) slice of this (b, h)
   if (has_bias)
@@ -133,7 +149,7 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
       }
     }
 
-    // P = exp2(...), row sums
+    // P = exp2(logit in log2 units); kOnline first keeps the logits (-inf where P = 0).
     const int n0 = j * kBN;
     const bool elementwise = has_mask || has_bias || n0 + kBN > J ||
                              (p.causal && n0 + kBN - 1 > m0 + diag);
@@ -144,9 +160,14 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float pe = fast_exp2(fmaf(rS[mt][nt][e], scale_log2, offset_log2));
-            rS[mt][nt][e] = pe;
-            rL[mt][e / 2] += pe;
+            const float x = fmaf(rS[mt][nt][e], scale_log2, offset_log2);
+            if constexpr (kOnline) {
+              rS[mt][nt][e] = x;
+            } else {
+              const float pe = round_to<T>(fast_exp2(x));
+              rS[mt][nt][e] = pe;
+              rL[mt][e / 2] += pe;
+            }
           }
     } else {
 #pragma unroll
@@ -163,10 +184,45 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
               const bool ok = key_ok && r < I && (!p.causal || c <= r + diag);
               float x = fmaf(rS[mt][nt][2 * e0 + e1], scale_log2, offset_log2);
               if (has_bias && ok) x = fmaf(gBias[r * p.bias_i_stride + c * p.bias_j_stride], kLog2e, x);
-              const float pe = ok ? fast_exp2(x) : 0.f;
+              if constexpr (kOnline) {
+                rS[mt][nt][2 * e0 + e1] = ok ? x : -INFINITY;
+              } else {
+                const float pe = ok ? round_to<T>(fast_exp2(x)) : 0.f;
+                rS[mt][nt][2 * e0 + e1] = pe;
+                rL[mt][e0] += pe;
+              }
+            }
+        }
+    }
+    if constexpr (kOnline) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int e0 = 0; e0 < 2; ++e0) {
+          float tmax = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) tmax = fmaxf(tmax, fmaxf(rS[mt][nt][2 * e0], rS[mt][nt][2 * e0 + 1]));
+          tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+          tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+          const float m_new = fmaxf(rM[mt][e0], tmax);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no finite logit yet: P = 0
+          const float alpha = fast_exp2(rM[mt][e0] - m_use);     // exp2(-inf) = 0 at the start
+          rM[mt][e0] = m_new;
+          rL[mt][e0] *= alpha;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            rO[mt][dt][2 * e0] *= alpha;
+            rO[mt][dt][2 * e0 + 1] *= alpha;
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+              const float pe = round_to<T>(fast_exp2(rS[mt][nt][2 * e0 + e1] - m_use));
               rS[mt][nt][2 * e0 + e1] = pe;
               rL[mt][e0] += pe;
             }
+          }
         }
     }
 
@@ -213,7 +269,11 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
       for (int dt = 0; dt < kDT; ++dt)
         *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
             pack2<T>(rO[mt][dt][2 * e0] * inv, rO[mt][dt][2 * e0 + 1] * inv);
-      if (t == 0 && p.l != nullptr) static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * I + r] = l;
+      if (t == 0 && p.l != nullptr) {
+        // The row sum of exp(scale (cos - 1) + bias): undo the shift (fixed, or the running max).
+        const float l_true = kOnline ? l * exp2f(rM[mt][e0]) : l * exp2f(-kFwdShiftLog2<T>);
+        static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * I + r] = l_true;
+      }
     }
 }
 
@@ -221,7 +281,11 @@ template <typename T, int D>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Tile = FwdTile<D>;
   const size_t smem = Tile::smem_bytes(sizeof(T));
-  auto kernel = fwd_kernel<T, D>;
+  // Binades spanned by exp(scale (cos - 1)); see the header comment for the two limits.
+  const float span_log2 = 2.f * p.scale * kLog2e;
+  const bool online = !p.exp_kind && (std::is_same_v<T, __half> ? (p.bias != nullptr || span_log2 > 29.f)
+                                                                 : span_log2 > 100.f);
+  auto kernel = online ? fwd_kernel<T, D, true> : fwd_kernel<T, D, false>;
   if (smem > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));

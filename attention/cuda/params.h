@@ -55,9 +55,12 @@ struct BwdParams : CommonParams {
 
   // Scratch, (B, H, I) contiguous accumulator type: D_i = do_i . o_i (0 for the exp kind).
   void* delta = nullptr;
-  // Scratch for the 16-bit kernels, (B, H, I) float: 1 / l_i (0 for an empty row, 1 for exp),
-  // written by the delta kernel so that the main kernel streams it with cp.async.
-  void* inv_l = nullptr;
+  // Scratch for the 16-bit kernels, (B, H, I) float: the per-row log2 offset c_i with
+  // P_ij = exp2(scale log2e s_ij + bias_ij log2e + c_i), i.e. c_i = -scale log2e - log2 l_i
+  // (-inf for an empty row, 0 for the exp kind), written by the delta kernel so that the main
+  // kernel streams it with cp.async. The log form keeps P exact where exp(logit) and l both
+  // underflow fp32 (large scales).
+  void* row_offset = nullptr;
 
   // dq: the 16-bit kernels add into dq_accum (B, H, I, D) float, contiguous, zeroed by the
   // caller, already multiplied by scale; the fp32/fp64 kernels write dq directly.
