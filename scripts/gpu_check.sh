@@ -15,42 +15,47 @@ BUILD=${BUILD:-build}
 DATA=${DATA:-.carry/wiki-text-substitute.gz}
 TRAIN_STEPS=${TRAIN_STEPS:-40}
 CONVERGE_STEPS=${CONVERGE_STEPS:-500}
-mkdir -p "$OUT"
+# Logs go to $OUT/logs and are packed into $OUT/logs.tgz at the end (the device returns few files);
+# checkpoints of the timing runs go to a scratch folder, not $OUT.
+LOG="$OUT/logs"
+CK=${CK:-$(mktemp -d)}
+mkdir -p "$LOG"
+pack() { [ -d "$LOG" ] && tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOG"; }
+trap 'pack; exit 124' TERM
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build tests train bench)
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 table=()
 row() { table+=("$(printf '%-34s %s' "$1" "$2")"); }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-row "gpu" "$(head -1 "$OUT/gpu.txt")"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOG/gpu.txt" 2>&1
+row "gpu" "$(head -1 "$LOG/gpu.txt")"
 
 if has build; then
   t0=$(date +%s)
   prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
   if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DFLASHCOS_CUDA_ARCHS="${FLASHCOS_CUDA_ARCHS:-90}" \
-        > "$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+        > "$LOG/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" > "$LOG/build.log" 2>&1; then
     row "build" "ok ($(( $(date +%s) - t0 )) s)"
   else
-    tail -30 "$OUT/configure.log" "$OUT/build.log"; echo "build FAILED"; exit 1
+    tail -30 "$LOG/configure.log" "$LOG/build.log"; echo "build FAILED"; exit 1
   fi
 fi
 TRAIN="$BUILD/train"
 
 if has tests; then
-  "$BUILD/flashcos_tests" --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  "$BUILD/flashcos_tests" --gtest_brief=1 > "$LOG/tests.log" 2>&1
   rc=$?
-  row "tests (all suites)" "rc $rc: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | grep -v '\.' | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \].*\(' "$OUT/tests.log" | head -20
+  row "tests (all suites)" "rc $rc: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$LOG/tests.log" | grep -v '\.' | tr '\n' ' ')"
 fi
 
 # Throughput of one training configuration: the tokens/s and peak memory of the last progress line.
 train_run() {  # name, args...
   local name=$1; shift
   "$TRAIN" --data "$DATA" --steps "$TRAIN_STEPS" --log-every 10 --validate-every 1000000 --generate-every 0 \
-      --save-every 1000000 --checkpoint-dir "$OUT/ck" --run "$name" "$@" > "$OUT/train_$name.log" 2>&1
+      --save-every 1000000 --checkpoint-dir "$CK" --run "$name" "$@" > "$LOG/train_$name.log" 2>&1
   local rc=$? last
-  last=$(grep -E 'step [0-9]+/' "$OUT/train_$name.log" | tail -1 | sed -E 's/.*\| ([0-9.]+k tok\/s).*(peak mem [0-9.]+ GiB).*/\1, \2/')
+  last=$(grep -E 'step [0-9]+/' "$LOG/train_$name.log" | tail -1 | sed -E 's/.*\| ([0-9.]+k tok\/s).*(peak mem [0-9.]+ GiB).*/\1, \2/')
   row "train $name" "rc $rc: $last"
 }
 
@@ -65,9 +70,9 @@ if has converge; then
   for impl in sdpa fused; do
     flag="--attention-impl sdpa"; [ $impl = fused ] && flag="--use-cuda-kernel"
     "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --steps "$CONVERGE_STEPS" --validate-every 100 --val-windows 16 \
-        --generate-every 0 --save-every 100000 --log-every 50 --checkpoint-dir "$OUT/ck" --run conv-$impl $flag \
-        > "$OUT/converge_$impl.log" 2>&1
-    row "converge $impl (val bpc by 100s)" "$(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$OUT/converge_$impl.log" | awk '{print $5}' | tr '\n' ' ')"
+        --generate-every 0 --save-every 100000 --log-every 50 --checkpoint-dir "$CK" --run conv-$impl $flag \
+        > "$LOG/converge_$impl.log" 2>&1
+    row "converge $impl (val bpc by 100s)" "$(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/converge_$impl.log" | awk '{print $5}' | tr '\n' ' ')"
   done
 fi
 
@@ -75,21 +80,21 @@ if has matrix; then
   for c in "--causal" ""; do
     tag=$([ -n "$c" ] && echo causal || echo full)
     "$TRAIN" bench $c --dtype bf16,fp16 --dim-head 64,128 --seq-lens 4096,8192,16384 \
-        --impls fused,sdpa-flash,sdpa-cudnn --json "$OUT/matrix_$tag.json" > "$OUT/matrix_$tag.log" 2>&1
+        --impls fused,sdpa-flash,sdpa-cudnn --json "$LOG/matrix_$tag.json" > "$LOG/matrix_$tag.log" 2>&1
     row "matrix $tag" "rc $? (see matrix_$tag.log)"
   done
 fi
 
 if has fastmax; then
   "$TRAIN" bench --attention fastmax --causal --dtype bf16 --dim-head 64 --seq-lens 16384,32768,65536,131072 \
-      --impls fastmax-cuda,fused,sdpa-flash,sdpa-cudnn --json "$OUT/fastmax_bench.json" > "$OUT/fastmax_bench.log" 2>&1
+      --impls fastmax-cuda,fused,sdpa-flash,sdpa-cudnn --json "$LOG/fastmax_bench.json" > "$LOG/fastmax_bench.log" 2>&1
   row "bench fastmax causal" "rc $? (see fastmax_bench.log)"
   for att in fastmax cosine; do
     extra="--attention fastmax"; [ $att = cosine ] && extra="--attention-impl sdpa"
     "$TRAIN" --data "$DATA" --seq-len 2048 --batch 4 --grad-accum 1 --steps "${FASTMAX_STEPS:-2000}" \
         --validate-every 250 --val-windows 32 --generate-every 0 --save-every 100000 --log-every 100 \
-        --checkpoint-dir "$OUT/ck" --run fm-$att $extra > "$OUT/fastmax_train_$att.log" 2>&1
-    row "train $att seq 2048 (val bpc)" "rc $?: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$OUT/fastmax_train_$att.log" | awk '{print $5}' | tr '\n' ' ')"
+        --checkpoint-dir "$CK" --run fm-$att $extra > "$LOG/fastmax_train_$att.log" 2>&1
+    row "train $att seq 2048 (val bpc)" "rc $?: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/fastmax_train_$att.log" | awk '{print $5}' | tr '\n' ' ')"
   done
 fi
 
@@ -97,11 +102,16 @@ if has bench; then
   for c in "--causal" ""; do
     tag=$([ -n "$c" ] && echo causal || echo full)
     "$TRAIN" bench $c --dtype bf16 --dim-head 64 --seq-lens 1024,2048,4096,8192,16384 \
-        --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
+        --json "$LOG/bench_$tag.json" > "$LOG/bench_$tag.log" 2>&1
     row "bench bf16 d64 $tag" "rc $? (see bench_$tag.log)"
   done
 fi
 
+if has tests; then  # failing tests with their error lines, for the output tail
+  grep -E '^\[  FAILED  \]' "$LOG/tests.log" | sed -E 's/, where GetParam.*//' | sort -u | head -30
+  grep -E '^\[ errors' "$LOG/tests.log" > "$LOG/test_errors.txt"
+fi
+pack
 echo
 echo "==== flashcos gpu_check $(date -u +%Y-%m-%dT%H:%MZ) ===="
 printf '%s\n' "${table[@]}"

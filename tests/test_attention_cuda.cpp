@@ -342,7 +342,9 @@ TEST_F(FusedAttentionMisc, CoreReturnsRowSums) {
   const at::Tensor i = at::arange(70, at::TensorOptions().device(at::kCUDA)).view({70, 1});
   const at::Tensor j = at::arange(50, at::TensorOptions().device(at::kCUDA)).view({1, 50});
   const at::Tensor l = (at::exp(s * 10 - 10) * (j <= i - 20)).sum(-1);
-  EXPECT_LE(rel_err(r.l, l), 1e-5);
+  // l sums P as rounded to bf16 for P V (relative error <= 2^-9 per term), so that o is exactly
+  // the mean of v under those weights.
+  EXPECT_LE(rel_err(r.l, l), std::ldexp(1.0, -8));
   EXPECT_EQ(r.l.index({0, 0, at::indexing::Slice(0, 20)}).abs().max().item<float>(), 0.f);
   args.exp_kind = true;
   EXPECT_FALSE(flashcos::detail::fused_forward(q, k, v, {}, {}, args).l.defined());

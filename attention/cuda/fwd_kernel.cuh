@@ -4,8 +4,8 @@
 // offset = -scale log2e for the cosine kind (every logit <= bias, so no running row max and no
 // rescaling of O), 0 for the exp kind (no l). Masked / non-causal / out-of-range keys give P = 0;
 // a row with nothing to attend has l = 0 and writes o = 0.
-// l sums P after its rounding to the 16-bit type, the P that P V multiplies, so o is the exact
-// weighted mean of v for those weights (a single key gives o = v exactly).
+// l sums P after its rounding to the 16-bit type (on the tensor cores, P times ones), the P that
+// P V multiplies, so o is the exact weighted mean of v for those weights (one key: o = v).
 // Dynamic range: P goes to P V as fp16 / bf16. exp(scale (cos - 1)) spans 2 scale log2e binades.
 // fp16 (normal down to 2^-14) adds a fixed 2^15 to P (l scaled back on the way out), which
 // covers scale <= 10; for larger scales or with a bias, fp16 uses the kOnline variant, which
@@ -96,11 +96,15 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
                   sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kPitch + kk * 16 + (lane / 16) * 8);
 
   float rO[kMT][kDT][4];
-  float rL[kMT][2];
+  // Row sums of the 16-bit P by the tensor cores: P (16 x 16) times a ones (16 x 8) B operand
+  // gives every column the row sum, so rL[mt][0] is row g's l and rL[mt][2] row g + 8's, with no
+  // shuffles, and l sums exactly the rounded P that P V uses.
+  float rL[kMT][4];
   float rM[kMT][2];  // kOnline: running row max of the log2 logits (-inf: nothing seen yet)
+  const uint32_t kOnes = pack2<T>(1.f, 1.f);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
-    rL[mt][0] = rL[mt][1] = 0.f;
+    rL[mt][0] = rL[mt][1] = rL[mt][2] = rL[mt][3] = 0.f;
     rM[mt][0] = rM[mt][1] = -INFINITY;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) rO[mt][dt][0] = rO[mt][dt][1] = rO[mt][dt][2] = rO[mt][dt][3] = 0.f;
@@ -161,13 +165,7 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float x = fmaf(rS[mt][nt][e], scale_log2, offset_log2);
-            if constexpr (kOnline) {
-              rS[mt][nt][e] = x;
-            } else {
-              const float pe = round_to<T>(fast_exp2(x));
-              rS[mt][nt][e] = pe;
-              rL[mt][e / 2] += pe;
-            }
+            rS[mt][nt][e] = kOnline ? x : fast_exp2(x);
           }
     } else {
 #pragma unroll
@@ -187,9 +185,7 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
               if constexpr (kOnline) {
                 rS[mt][nt][2 * e0 + e1] = ok ? x : -INFINITY;
               } else {
-                const float pe = ok ? round_to<T>(fast_exp2(x)) : 0.f;
-                rS[mt][nt][2 * e0 + e1] = pe;
-                rL[mt][e0] += pe;
+                rS[mt][nt][2 * e0 + e1] = ok ? fast_exp2(x) : 0.f;
               }
             }
         }
@@ -208,7 +204,8 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
           const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no finite logit yet: P = 0
           const float alpha = fast_exp2(rM[mt][e0] - m_use);     // exp2(-inf) = 0 at the start
           rM[mt][e0] = m_new;
-          rL[mt][e0] *= alpha;
+          rL[mt][2 * e0] *= alpha;
+          rL[mt][2 * e0 + 1] *= alpha;
 #pragma unroll
           for (int dt = 0; dt < kDT; ++dt) {
             rO[mt][dt][2 * e0] *= alpha;
@@ -216,12 +213,8 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
           }
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e1 = 0; e1 < 2; ++e1) {
-              const float pe = round_to<T>(fast_exp2(rS[mt][nt][2 * e0 + e1] - m_use));
-              rS[mt][nt][2 * e0 + e1] = pe;
-              rL[mt][e0] += pe;
-            }
+            rS[mt][nt][2 * e0] = fast_exp2(rS[mt][nt][2 * e0] - m_use);
+            rS[mt][nt][2 * e0 + 1] = fast_exp2(rS[mt][nt][2 * e0 + 1] - m_use);
           }
         }
     }
@@ -237,6 +230,8 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
         rP[mt][2] = pack2<T>(rS[mt][2 * kk + 1][0], rS[mt][2 * kk + 1][1]);
         rP[mt][3] = pack2<T>(rS[mt][2 * kk + 1][2], rS[mt][2 * kk + 1][3]);
       }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) mma_16816<T>(rL[mt], rP[mt], kOnes, kOnes);
 #pragma unroll
       for (int np = 0; np < kDT / 2; ++np) {
         uint32_t rV[4];
@@ -258,9 +253,7 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
-      float l = rL[mt][e0];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = rL[mt][2 * e0];
       const int r = warp_row0 + mt * 16 + g + 8 * e0;
       if (r >= I) continue;
       const float inv = p.exp_kind ? 1.f : (l > 0.f ? 1.f / l : 0.f);
