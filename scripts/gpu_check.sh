@@ -38,7 +38,7 @@ if has build; then
         > "$LOG/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" > "$LOG/build.log" 2>&1; then
     row "build" "ok ($(( $(date +%s) - t0 )) s)"
   else
-    tail -30 "$LOG/configure.log" "$LOG/build.log"; echo "build FAILED"; exit 1
+    tail -30 "$LOG/configure.log" "$LOG/build.log"; echo "build FAILED"; pack; exit 1
   fi
 fi
 TRAIN="$BUILD/train"
