@@ -4,8 +4,6 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
-#include <ATen/ops/rms_norm.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "attention/attention.h"
 #include "attention/fastmax.h"
@@ -40,10 +38,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
       // projections: rms_norm(x) = sqrt(gs) x / |x| per group, so the scale becomes scale / gs.
       const int64_t G = cfg_.l2norm_groups, gs = HS / G;
       auto rms = [&](const torch::Tensor& t) {
-        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-        return at::rms_norm(t.view({B, T, NH * G, gs}), {gs}, std::nullopt, 1e-24 / static_cast<double>(gs))
-            .view({B, T, NH, HS})
-            .transpose(1, 2);
+        return rms_normalize(t.view({B, T, NH * G, gs})).view({B, T, NH, HS}).transpose(1, 2);
       };
       q = rms(q.transpose(1, 2));
       k = rms(k.transpose(1, 2));

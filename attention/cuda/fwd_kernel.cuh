@@ -4,8 +4,9 @@
 // offset = -scale log2e for the cosine kind (every logit <= bias, so no running row max and no
 // rescaling of O), 0 for the exp kind (no l). Masked / non-causal / out-of-range keys give P = 0;
 // a row with nothing to attend has l = 0 and writes o = 0.
-// l sums P after its rounding to the 16-bit type (on the tensor cores, P times ones), the P that
-// P V multiplies, so o is the exact weighted mean of v for those weights (one key: o = v).
+// o is normalised by the sum of P after its rounding to the 16-bit type (on the tensor cores, P
+// times ones), the P that P V multiplies, so o is the exact weighted mean of v for those weights
+// (one key: o = v); the l saved for the backward is the fp32 sum of the unrounded P.
 // Dynamic range: P goes to P V as fp16 / bf16. exp(scale (cos - 1)) spans 2 scale log2e binades.
 // fp16 (normal down to 2^-14) adds a fixed 2^15 to P (l scaled back on the way out), which
 // covers scale <= 10; for larger scales or with a bias, fp16 uses the kOnline variant, which
@@ -99,12 +100,16 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
   // Row sums of the 16-bit P by the tensor cores: P (16 x 16) times a ones (16 x 8) B operand
   // gives every column the row sum, so rL[mt][0] is row g's l and rL[mt][2] row g + 8's, with no
   // shuffles, and l sums exactly the rounded P that P V uses.
+  // rLt: the fp32 row sums of the unrounded P (this thread's columns), stored as l for the
+  // backward, which recomputes P = exp(logit) / l in fp32 (one key: P = 1 exactly there too).
   float rL[kMT][4];
+  float rLt[kMT][2];
   float rM[kMT][2];  // kOnline: running row max of the log2 logits (-inf: nothing seen yet)
   const uint32_t kOnes = pack2<T>(1.f, 1.f);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
     rL[mt][0] = rL[mt][1] = rL[mt][2] = rL[mt][3] = 0.f;
+    rLt[mt][0] = rLt[mt][1] = 0.f;
     rM[mt][0] = rM[mt][1] = -INFINITY;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) rO[mt][dt][0] = rO[mt][dt][1] = rO[mt][dt][2] = rO[mt][dt][3] = 0.f;
@@ -165,7 +170,13 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float x = fmaf(rS[mt][nt][e], scale_log2, offset_log2);
-            rS[mt][nt][e] = kOnline ? x : fast_exp2(x);
+            if constexpr (kOnline) {
+              rS[mt][nt][e] = x;
+            } else {
+              const float pe = fast_exp2(x);
+              rS[mt][nt][e] = pe;
+              rLt[mt][e / 2] += pe;
+            }
           }
     } else {
 #pragma unroll
@@ -185,7 +196,9 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
               if constexpr (kOnline) {
                 rS[mt][nt][2 * e0 + e1] = ok ? x : -INFINITY;
               } else {
-                rS[mt][nt][2 * e0 + e1] = ok ? fast_exp2(x) : 0.f;
+                const float pe = ok ? fast_exp2(x) : 0.f;
+                rS[mt][nt][2 * e0 + e1] = pe;
+                rLt[mt][e0] += pe;
               }
             }
         }
@@ -206,16 +219,20 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
           rM[mt][e0] = m_new;
           rL[mt][2 * e0] *= alpha;
           rL[mt][2 * e0 + 1] *= alpha;
+          rLt[mt][e0] *= alpha;
 #pragma unroll
           for (int dt = 0; dt < kDT; ++dt) {
             rO[mt][dt][2 * e0] *= alpha;
             rO[mt][dt][2 * e0 + 1] *= alpha;
           }
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            rS[mt][nt][2 * e0] = fast_exp2(rS[mt][nt][2 * e0] - m_use);
-            rS[mt][nt][2 * e0 + 1] = fast_exp2(rS[mt][nt][2 * e0 + 1] - m_use);
-          }
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+              const float pe = fast_exp2(rS[mt][nt][2 * e0 + e1] - m_use);
+              rS[mt][nt][2 * e0 + e1] = pe;
+              rLt[mt][e0] += pe;
+            }
         }
     }
 
@@ -254,6 +271,9 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
       const float l = rL[mt][2 * e0];
+      float lt = rLt[mt][e0];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
       const int r = warp_row0 + mt * 16 + g + 8 * e0;
       if (r >= I) continue;
       const float inv = p.exp_kind ? 1.f : (l > 0.f ? 1.f / l : 0.f);
@@ -264,7 +284,7 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
             pack2<T>(rO[mt][dt][2 * e0] * inv, rO[mt][dt][2 * e0 + 1] * inv);
       if (t == 0 && p.l != nullptr) {
         // The row sum of exp(scale (cos - 1) + bias): undo the shift (fixed, or the running max).
-        const float l_true = kOnline ? l * exp2f(rM[mt][e0]) : l * exp2f(-kFwdShiftLog2<T>);
+        const float l_true = kOnline ? lt * exp2f(rM[mt][e0]) : lt * exp2f(-kFwdShiftLog2<T>);
         static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * I + r] = l_true;
       }
     }
