@@ -60,10 +60,15 @@ train_run() {  # name, args...
 }
 
 if has train; then
-  train_run sdpa-8192 --seq-len 8192 --batch 4 --attention-impl sdpa
-  train_run fused-8192 --seq-len 8192 --batch 4 --use-cuda-kernel
-  train_run plain-2048 --seq-len 2048 --batch 4 --attention-impl plain
-  train_run sdpa-2048 --seq-len 2048 --batch 4 --attention-impl sdpa
+  runs=${TRAIN_RUNS:-"sdpa-8192 fused-8192 plain-2048 sdpa-2048"}
+  for r in $runs; do
+    case $r in
+      sdpa-8192) train_run sdpa-8192 --seq-len 8192 --batch 4 --attention-impl sdpa ;;
+      fused-8192) train_run fused-8192 --seq-len 8192 --batch 4 --use-cuda-kernel ;;
+      plain-2048) train_run plain-2048 --seq-len 2048 --batch 4 --attention-impl plain ;;
+      sdpa-2048) train_run sdpa-2048 --seq-len 2048 --batch 4 --attention-impl sdpa ;;
+    esac
+  done
 fi
 
 if has converge; then
@@ -86,12 +91,14 @@ if has matrix; then
 fi
 
 if has fastmax; then
-  "$TRAIN" bench --attention fastmax --causal --dtype bf16 --dim-head 64 --seq-lens 16384,32768,65536,131072 \
-      --impls fastmax-cuda,fused,sdpa-flash,sdpa-cudnn --json "$LOG/fastmax_bench.json" > "$LOG/fastmax_bench.log" 2>&1
+  timeout "${FASTMAX_BENCH_TIMEOUT:-150}" "$TRAIN" bench --attention fastmax --causal --dtype bf16 --dim-head 64 \
+      --seq-lens 16384,32768,65536,131072 --impls fastmax-cuda,fused,sdpa-cudnn \
+      --json "$LOG/fastmax_bench.json" > "$LOG/fastmax_bench.log" 2>&1
   row "bench fastmax causal" "rc $? (see fastmax_bench.log)"
-  for att in fastmax cosine; do
+  for att in cosine fastmax; do
     extra="--attention fastmax"; [ $att = cosine ] && extra="--attention-impl sdpa"
-    "$TRAIN" --data "$DATA" --seq-len 2048 --batch 4 --grad-accum 1 --steps "${FASTMAX_STEPS:-2000}" \
+    timeout "${FASTMAX_TRAIN_TIMEOUT:-300}" "$TRAIN" --data "$DATA" --seq-len 2048 --batch "${FASTMAX_BATCH:-4}" \
+        --grad-accum 1 --steps "${FASTMAX_STEPS:-2000}" \
         --validate-every 250 --val-windows 32 --generate-every 0 --save-every 100000 --log-every 100 \
         --checkpoint-dir "$CK" --run fm-$att $extra > "$LOG/fastmax_train_$att.log" 2>&1
     row "train $att seq 2048 (val bpc)" "rc $?: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/fastmax_train_$att.log" | awk '{print $5}' | tr '\n' ' ')"
