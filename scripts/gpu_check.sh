@@ -96,7 +96,7 @@ if has fastmax; then
       --json "$LOG/fastmax_bench.json" > "$LOG/fastmax_bench.log" 2>&1
   row "bench fastmax causal" "rc $? (see fastmax_bench.log)"
   for att in cosine fastmax; do
-    extra="--attention fastmax"; [ $att = cosine ] && extra="--attention-impl sdpa"
+    extra="--attention fastmax --use-cuda-kernel"; [ $att = cosine ] && extra="--attention-impl sdpa"
     timeout "${FASTMAX_TRAIN_TIMEOUT:-300}" "$TRAIN" --data "$DATA" --seq-len 2048 --batch "${FASTMAX_BATCH:-4}" \
         --grad-accum 1 --steps "${FASTMAX_STEPS:-2000}" \
         --validate-every 250 --val-windows 32 --generate-every 0 --save-every 100000 --log-every 100 \
