@@ -72,8 +72,8 @@ at::Tensor l2norm(const at::Tensor& t, int64_t groups = 1);
 // The same through libtorch's RMSNorm (y = rms_norm(x) / sqrt(group size)), any device; l2norm
 // takes it for fp16 / bf16 CUDA tensors.
 at::Tensor rms_l2norm(const at::Tensor& t, int64_t groups = 1);
-/// y = out_scale * x / rms(x) over the last dim (rms(x) = sqrt(mean(x^2))), fused kernels on CUDA;
-/// its autograd saves only y and the per-row 1 / rms.
+/// y = out_scale * x / rms(x) over the last dim (rms(x) = sqrt(mean(x^2))) by libtorch's RMSNorm
+/// (fused kernels on CUDA). Its autograd keeps x and 1 / rms.
 at::Tensor rms_normalize(const at::Tensor& x, double out_scale = 1.0);
 
 /// True when this build has the fused CUDA kernels compiled in.

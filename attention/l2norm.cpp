@@ -5,9 +5,6 @@
 //   backward: dx = r * (dy - y * sum_g(dy * y))   where the norm exceeds eps, else r * dy.
 #include <ATen/ATen.h>
 
-#include <ATen/ops/_fused_rms_norm.h>
-#include <ATen/ops/_fused_rms_norm_backward.h>
-
 #include <cmath>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -56,47 +53,6 @@ class L2NormFunction : public torch::autograd::Function<L2NormFunction> {
   }
 };
 
-// y = out_scale x / rms(x) over the last dim on CUDA, by libtorch's fused RMSNorm kernels (one pass
-// each way), saving only y and rstd like L2NormFunction (at::rms_norm's autograd would keep x as
-// well: +0.5 GiB on the default model at seq 8192). The backward recovers x = y / (rstd out_scale)
-// in y's dtype. out_scale goes in as the norm's weight where it is exact in the input dtype (a
-// power of 2), else as a multiply after the norm.
-class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double out_scale) {
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const int64_t n = x.size(-1);
-    int exp2 = 0;
-    const bool as_weight = out_scale != 1.0 && std::frexp(out_scale, &exp2) == 0.5;
-    std::optional<at::Tensor> w;
-    if (as_weight) w = at::full({n}, out_scale, x.options().requires_grad(false));
-    auto [y, rstd] = at::_fused_rms_norm(x, {n}, w, kEps * kEps / static_cast<double>(n));
-    if (out_scale != 1.0 && !as_weight) y = y * out_scale;
-    ctx->save_for_backward({y, rstd});
-    ctx->saved_data["out_scale"] = out_scale;
-    ctx->saved_data["as_weight"] = as_weight;
-    return {y};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &y = saved[0], &rstd = saved[1];
-    const double out_scale = ctx->saved_data["out_scale"].toDouble();
-    const bool as_weight = ctx->saved_data["as_weight"].toBool();
-    const int64_t n = y.size(-1);
-    auto r_sizes = y.sizes().vec();
-    r_sizes.back() = 1;
-    const at::Tensor r = rstd.reshape(r_sizes);
-    const at::Tensor x = (y / (r * out_scale)).to(y.scalar_type());
-    std::optional<at::Tensor> w;
-    if (as_weight) w = at::full({n}, out_scale, y.options());
-    const at::Tensor dy = (out_scale != 1.0 && !as_weight) ? grads[0] * out_scale : grads[0];
-    auto [dx, dw] = at::_fused_rms_norm_backward(dy.contiguous(), x, {n}, rstd, w, {true, false});
-    return {dx, at::Tensor()};
-  }
-};
-
 }  // namespace
 
 at::Tensor l2norm(const at::Tensor& t, int64_t groups) {
@@ -119,10 +75,16 @@ at::Tensor rms_l2norm(const at::Tensor& t, int64_t groups) {
 
 at::Tensor rms_normalize(const at::Tensor& x, double out_scale) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) >= 1, "flashcos rms_normalize: x needs a non-empty last dim");
-  if (x.is_cuda() && x.numel() > 0) return RmsNormFunction::apply(x, out_scale)[0];
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t n = x.size(-1);
-  auto y = at::rms_norm(x, {n}, std::nullopt, kEps * kEps / static_cast<double>(n));
+  const double eps = kEps * kEps / static_cast<double>(n);  // max(|x|, kEps) where |x| is not ~0
+  // out_scale goes in as the norm's weight where it is exact in x's dtype (a power of 2), else as
+  // a multiply after the norm.
+  int exp2 = 0;
+  if (out_scale != 1.0 && std::frexp(out_scale, &exp2) == 0.5) {
+    return at::rms_norm(x, {n}, at::full({n}, out_scale, x.options().requires_grad(false)), eps);
+  }
+  auto y = at::rms_norm(x, {n}, std::nullopt, eps);
   return out_scale == 1.0 ? y : y * out_scale;
 }
 

@@ -310,9 +310,9 @@ class FusedAttentionMisc : public ::testing::Test {
   }
 };
 
-// rms_normalize / l2norm on CUDA (libtorch's fused RMSNorm in a Function that saves y and rstd):
-// values and gradients against float64 loops' formulas, for output scales that go in as the
-// norm's weight (1, 1/8) and as a multiply (1/sqrt(32)), on a non-contiguous input, per dtype.
+// rms_normalize / l2norm on CUDA (libtorch's fused RMSNorm): values and gradients against the
+// float64 formula, for output scales that go in as the norm's weight (1/8) or not (1, 1/sqrt(32)),
+// on a non-contiguous input, per dtype.
 TEST_F(FusedAttentionMisc, RmsNormalizeMatchesFloat64) {
   at::manual_seed(44);
   for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat}) {
