@@ -1,7 +1,6 @@
 // ./train eval --checkpoint checkpoints/<run>/latest.pt [--max-windows N]
 // Bits per character on the test split over non-overlapping windows of the model's sequence length.
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +14,7 @@
 #include "app/commands.h"
 #include "common/log.h"
 #include "data/corpus.h"
+#include "model/autocast.h"
 #include "model/checkpoint.h"
 #include "model/device.h"
 
@@ -68,14 +68,10 @@ int run_eval(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < windows.size(0); i += batch) {
       auto w = windows.slice(0, i, std::min(windows.size(0), i + batch)).to(device);
-      if (autocast) {
-        at::autocast::set_autocast_enabled(device.type(), true);
-        at::autocast::set_autocast_dtype(device.type(), at::kBFloat16);
-      }
-      const double loss = gpt->loss(w).item<double>();
-      if (autocast) {
-        at::autocast::set_autocast_enabled(device.type(), false);
-        at::autocast::clear_cache();
+      double loss = 0;
+      {
+        model::AutocastScope scope(autocast, device.type(), at::kBFloat16);
+        loss = gpt->loss(w).item<double>();
       }
       const int64_t n = w.size(0) * seq_len;
       total_nats += loss * n;

@@ -5,7 +5,6 @@
 #include "model/trainer.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
@@ -28,6 +27,7 @@
 #include "model/device.h"
 #include "model/generate.h"
 #include "model/gpt.h"
+#include "model/autocast.h"
 #include "model/optim.h"
 
 namespace flashcos::model {
@@ -41,33 +41,6 @@ std::atomic<int> g_interrupts{0};
 extern "C" void on_sigint(int) {
   if (g_interrupts.fetch_add(1) >= 1) std::_Exit(130);  // second Ctrl-C: leave at once
 }
-
-// Autocast for one region; restores the previous state and drops the cast-weight cache on
-// exit, so the next step never sees weights cast before the optimiser changed them.
-class AutocastScope {
- public:
-  AutocastScope(bool enabled, c10::DeviceType device, at::ScalarType dtype) : enabled_(enabled), device_(device) {
-    if (!enabled_) return;
-    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
-    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
-    at::autocast::set_autocast_enabled(device_, true);
-    at::autocast::set_autocast_dtype(device_, dtype);
-  }
-  ~AutocastScope() {
-    if (!enabled_) return;
-    at::autocast::set_autocast_enabled(device_, prev_enabled_);
-    at::autocast::set_autocast_dtype(device_, prev_dtype_);
-    at::autocast::clear_cache();
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  bool enabled_;
-  c10::DeviceType device_;
-  bool prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kFloat;
-};
 
 struct Precision {
   bool autocast = false;

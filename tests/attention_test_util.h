@@ -20,6 +20,48 @@
 
 namespace flashcos::test {
 
+enum class MaskMode { kNone, kRandom };
+enum class BiasMode { kNone, kHead, kBatch };
+
+// One attention problem in the public API's terms (the CPU and CUDA suites' case tables).
+struct Case {
+  std::string name;
+  int64_t B = 1, H = 1, Hkv = 1, I = 1, J = 1, D = 16;
+  bool multi_query = false;  // k, v (B, J, D)
+  bool merged = false;       // q (B, I, D), k, v (B, J, D): B is batch*heads, H must be 1
+  bool causal = false;
+  MaskMode mask = MaskMode::kNone;
+  BiasMode bias = BiasMode::kNone;
+  int64_t groups = 1;
+  bool l2norm = true;
+  bool exp_kind = false;
+  double scale = 10.0;
+  int64_t tile = 16;         // tiled backend only
+  bool noncontig = false;  // q, k, v are transposed views (last dim still contiguous)
+};
+
+// Builder so the case table stays readable.
+struct C {
+  Case c;
+  explicit C(std::string name, int64_t B, int64_t H, int64_t Hkv, int64_t I, int64_t J, int64_t D) {
+    c.name = std::move(name);
+    c.B = B; c.H = H; c.Hkv = Hkv; c.I = I; c.J = J; c.D = D;
+  }
+  C& mq() { c.multi_query = true; c.Hkv = 1; return *this; }
+  C& merged() { c.merged = true; c.H = 1; c.Hkv = 1; return *this; }
+  C& causal() { c.causal = true; return *this; }
+  C& mask() { c.mask = MaskMode::kRandom; return *this; }
+  C& bias_head() { c.bias = BiasMode::kHead; return *this; }
+  C& bias_batch() { c.bias = BiasMode::kBatch; return *this; }
+  C& groups(int64_t g) { c.groups = g; return *this; }
+  C& no_l2norm() { c.l2norm = false; return *this; }
+  C& exp_kind() { c.exp_kind = true; c.l2norm = false; return *this; }
+  C& scale(double s) { c.scale = s; return *this; }
+  C& tile(int64_t t) { c.tile = t; return *this; }
+  C& noncontig() { c.noncontig = true; return *this; }
+  operator Case() const { return c; }  // NOLINT
+};
+
 struct RefProblem {
   at::Tensor q, k, v;  // canonical, any float dtype (converted to float64), BEFORE l2norm
   at::Tensor mask;     // (B, J) bool, or undefined

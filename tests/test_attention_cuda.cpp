@@ -37,40 +37,6 @@ using namespace flashcos::test;
 
 bool have_gpu() { return torch::cuda::is_available() && flashcos::fused_kernels_compiled(); }
 
-enum class MaskMode { kNone, kRandom };
-enum class BiasMode { kNone, kHead, kBatch };
-
-struct Case {
-  std::string name;
-  int64_t B = 1, H = 1, Hkv = 1, I = 1, J = 1, D = 64;
-  bool multi_query = false, merged = false, causal = false;
-  MaskMode mask = MaskMode::kNone;
-  BiasMode bias = BiasMode::kNone;
-  int64_t groups = 1;
-  bool l2norm = true, exp_kind = false, noncontig = false;
-  double scale = 10.0;
-};
-
-struct C {
-  Case c;
-  C(std::string name, int64_t B, int64_t H, int64_t Hkv, int64_t I, int64_t J, int64_t D) {
-    c.name = std::move(name);
-    c.B = B; c.H = H; c.Hkv = Hkv; c.I = I; c.J = J; c.D = D;
-  }
-  C& mq() { c.multi_query = true; c.Hkv = 1; return *this; }
-  C& merged() { c.merged = true; c.H = 1; c.Hkv = 1; return *this; }
-  C& causal() { c.causal = true; return *this; }
-  C& mask() { c.mask = MaskMode::kRandom; return *this; }
-  C& bias_head() { c.bias = BiasMode::kHead; return *this; }
-  C& bias_batch() { c.bias = BiasMode::kBatch; return *this; }
-  C& groups(int64_t g) { c.groups = g; return *this; }
-  C& no_l2norm() { c.l2norm = false; return *this; }
-  C& exp_kind() { c.exp_kind = true; c.l2norm = false; return *this; }
-  C& scale(double s) { c.scale = s; return *this; }
-  C& noncontig() { c.noncontig = true; return *this; }
-  operator Case() const { return c; }  // NOLINT
-};
-
 // clang-format off
 std::vector<Case> all_cases() {
   return {
