@@ -2,6 +2,7 @@
 // the O(I J) definition in float64, central finite differences of the autograd Function, an
 // explicit-loop check of the definition itself, shapes, masking, option validation.
 #include "attention/fastmax.h"
+#include "tests/fastmax_test_util.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -25,20 +26,8 @@ double max_abs(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
-struct Grads {
-  at::Tensor o, dq, dk, dv;
-};
-
-// o and d(sum(o * w))/d{q, k, v} through autograd.
-Grads run(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& w,
-          const FastmaxOptions& opt) {
-  at::Tensor q = q0.detach().clone().requires_grad_(true);
-  at::Tensor k = k0.detach().clone().requires_grad_(true);
-  at::Tensor v = v0.detach().clone().requires_grad_(true);
-  at::Tensor o = flashcos::fastmax_attention(q, k, v, opt);
-  auto g = torch::autograd::grad({(o * w.to(o.scalar_type())).sum()}, {q, k, v});
-  return {o.detach(), g[0], g[1], g[2]};
-}
+using Grads = flashcos::test::FastmaxGrads;
+using flashcos::test::fastmax_grads;
 
 FastmaxOptions base_opts(int64_t p, bool causal) {
   FastmaxOptions o;
@@ -67,8 +56,8 @@ TEST_P(FastmaxMatch, ChunkedEqualsReferenceFp64) {
   at::Tensor v = at::randn({B, H, c.J, D}, f64());
   at::Tensor w = at::randn({B, H, c.I, D}, f64());
   FastmaxOptions opt = base_opts(c.p, c.causal).chunk_size(c.chunk).temperature(1.3);
-  Grads ref = run(q, k, v, w, FastmaxOptions(opt).backend(FastmaxBackend::kReference));
-  Grads got = run(q, k, v, w, FastmaxOptions(opt).backend(FastmaxBackend::kChunked));
+  Grads ref = fastmax_grads(q, k, v, w, FastmaxOptions(opt).backend(FastmaxBackend::kReference));
+  Grads got = fastmax_grads(q, k, v, w, FastmaxOptions(opt).backend(FastmaxBackend::kChunked));
   EXPECT_LE(max_abs(got.o, ref.o), 1e-10);
   EXPECT_LE(max_abs(got.dq, ref.dq), 1e-10);
   EXPECT_LE(max_abs(got.dk, ref.dk), 1e-10);
@@ -147,7 +136,7 @@ TEST_P(FastmaxFiniteDiff, GradientsMatchCentralDifferences) {
       c.backend);
   if (c.normalize) opt.lim(0.8).temperature(0.9).a0(1.0).a1(1.1).a2(0.4);
   else opt.temperature(1.7);
-  Grads g = run(q, k, v, w, opt);
+  Grads g = fastmax_grads(q, k, v, w, opt);
   auto loss = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv) {
     return (flashcos::fastmax_attention(qq, kk, vv, opt) * w).sum().item<double>();
   };
@@ -228,7 +217,7 @@ TEST(FastmaxCpu, RowsWithoutKeysAreZero) {
   at::Tensor q = at::randn({1, 2, I, D}, f64()), k = at::randn({1, 2, J, D}, f64()), v = at::randn({1, 2, J, D}, f64());
   at::Tensor w = at::randn({1, 2, I, D}, f64());
   for (FastmaxBackend b : {FastmaxBackend::kChunked, FastmaxBackend::kReference}) {
-    Grads g = run(q, k, v, w, FastmaxOptions().causal(true).chunk_size(2).backend(b));
+    Grads g = fastmax_grads(q, k, v, w, FastmaxOptions().causal(true).chunk_size(2).backend(b));
     EXPECT_EQ(g.o.narrow(2, 0, I - J).abs().max().item<double>(), 0.0) << flashcos::to_string(b);
     EXPECT_EQ(g.dq.narrow(2, 0, I - J).abs().max().item<double>(), 0.0) << flashcos::to_string(b);
     EXPECT_GT(g.o.narrow(2, I - J, J).abs().max().item<double>(), 0.0);
@@ -269,10 +258,10 @@ TEST(FastmaxCpu, LowPrecisionAgainstFp64) {
   at::Tensor v = at::randn({2, 2, 65, 16}, f64()), w = at::randn({2, 2, 65, 16}, f64());
   for (bool causal : {false, true}) {
     FastmaxOptions opt = FastmaxOptions().causal(causal).chunk_size(16);
-    Grads ref = run(q, k, v, w, opt);
+    Grads ref = fastmax_grads(q, k, v, w, opt);
     for (at::ScalarType t : {at::kFloat, at::kBFloat16}) {
-      Grads plain = run(q.to(t), k.to(t), v.to(t), w, FastmaxOptions(opt).backend(FastmaxBackend::kReference));
-      Grads got = run(q.to(t), k.to(t), v.to(t), w, opt);
+      Grads plain = fastmax_grads(q.to(t), k.to(t), v.to(t), w, FastmaxOptions(opt).backend(FastmaxBackend::kReference));
+      Grads got = fastmax_grads(q.to(t), k.to(t), v.to(t), w, opt);
       EXPECT_EQ(got.o.scalar_type(), t);
       EXPECT_EQ(got.dq.scalar_type(), t);
       const double slack = t == at::kFloat ? 1e-6 : 1e-2;

@@ -3,6 +3,7 @@
 // dtype (flash-attention's criterion) plus one ulp of the output scale. Also an opt-in timing
 // report (FLASHCOS_FASTMAX_TIMING=1), which asserts nothing.
 #include "attention/fastmax.h"
+#include "tests/fastmax_test_util.h"
 #include "attention/fastmax_impl.h"
 
 #include <ATen/ATen.h>
@@ -42,19 +43,8 @@ double ulp(at::ScalarType t) {
   }
 }
 
-struct Grads {
-  at::Tensor o, dq, dk, dv;
-};
-
-Grads run(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& w,
-          const FastmaxOptions& opt) {
-  at::Tensor q = q0.detach().clone().requires_grad_(true);
-  at::Tensor k = k0.detach().clone().requires_grad_(true);
-  at::Tensor v = v0.detach().clone().requires_grad_(true);
-  at::Tensor o = flashcos::fastmax_attention(q, k, v, opt);
-  auto g = torch::autograd::grad({(o * w.to(o.scalar_type())).sum()}, {q, k, v});
-  return {o.detach(), g[0], g[1], g[2]};
-}
+using Grads = flashcos::test::FastmaxGrads;
+using flashcos::test::fastmax_grads;
 
 struct CudaCase {
   at::ScalarType dtype;
@@ -81,10 +71,10 @@ TEST_P(FastmaxCuda, ForwardAndGradsVsFp64) {
   if (c.p == 1) opt.normalize(true).lim(0.9);
   // Round the inputs to the dtype once, so every implementation sees the same numbers.
   at::Tensor qt = q.to(c.dtype), kt = k.to(c.dtype), vt = v.to(c.dtype);
-  Grads ref = run(qt.to(at::kDouble), kt.to(at::kDouble), vt.to(at::kDouble), w,
+  Grads ref = fastmax_grads(qt.to(at::kDouble), kt.to(at::kDouble), vt.to(at::kDouble), w,
                   FastmaxOptions(opt).backend(FastmaxBackend::kReference));
-  Grads plain = run(qt, kt, vt, w, FastmaxOptions(opt).backend(FastmaxBackend::kReference));
-  Grads got = run(qt, kt, vt, w, FastmaxOptions(opt).backend(FastmaxBackend::kCuda));
+  Grads plain = fastmax_grads(qt, kt, vt, w, FastmaxOptions(opt).backend(FastmaxBackend::kReference));
+  Grads got = fastmax_grads(qt, kt, vt, w, FastmaxOptions(opt).backend(FastmaxBackend::kCuda));
   ASSERT_EQ(got.o.scalar_type(), c.dtype);
   ASSERT_EQ(got.o.sizes(), q.sizes());
   auto check = [&](const at::Tensor& a, const at::Tensor& p, const at::Tensor& r, const char* name) {
