@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -63,6 +65,8 @@ int run_eval(int argc, char** argv) {
     const bool autocast = precision == "bf16";
 
     torch::NoGradGuard no_grad;
+    const bool tty = isatty(fileno(stderr));
+    int64_t next_report = std::max<int64_t>(1, windows.size(0) / 10);
     double total_nats = 0;
     int64_t tokens = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -76,10 +80,16 @@ int run_eval(int argc, char** argv) {
       const int64_t n = w.size(0) * seq_len;
       total_nats += loss * n;
       tokens += n;
-      std::fprintf(stderr, "\r%lld/%lld windows", static_cast<long long>(std::min(windows.size(0), i + batch)),
-                   static_cast<long long>(windows.size(0)));
+      // A live counter on a terminal; in a log (not a TTY) one line per ~10% instead of a flood of \r.
+      const int64_t done = std::min(windows.size(0), i + batch), total = windows.size(0);
+      if (tty) {
+        std::fprintf(stderr, "\r%lld/%lld windows", static_cast<long long>(done), static_cast<long long>(total));
+      } else if (done >= next_report || done == total) {
+        std::fprintf(stderr, "%lld/%lld windows\n", static_cast<long long>(done), static_cast<long long>(total));
+        while (next_report <= done) next_report += std::max<int64_t>(1, total / 10);
+      }
     }
-    std::fprintf(stderr, "\n");
+    if (tty) std::fprintf(stderr, "\n");
     const double nats = total_nats / tokens;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s split of %s: %lld tokens in %lld windows of %lld: loss %.4f nats, %.4f bits/char (%.1fs)\n",
