@@ -62,6 +62,18 @@ struct C {
   operator Case() const { return c; }  // NOLINT
 };
 
+// Output and gradients of one run of the public API (in the dtype it ran in).
+struct ApiRun {
+  at::Tensor o, dq, dk, dv, dbias;
+};
+
+// Leaf copy in `dtype` keeping the strides of t (so non-contiguous inputs stay non-contiguous).
+inline at::Tensor leaf(const at::Tensor& t, at::ScalarType dtype) {
+  at::Tensor r = at::empty_strided(t.sizes(), t.strides(), t.options().dtype(dtype));
+  r.copy_(t);
+  return r.detach().requires_grad_(true);
+}
+
 struct RefProblem {
   at::Tensor q, k, v;  // canonical, any float dtype (converted to float64), BEFORE l2norm
   at::Tensor mask;     // (B, J) bool, or undefined

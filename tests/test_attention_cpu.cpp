@@ -180,18 +180,6 @@ RefProblem make_problem(const Case& c, const Inputs& in) {
   return p;
 }
 
-// Output and gradients of one run of the public API (in the dtype it ran in).
-struct ApiRun {
-  at::Tensor o, dq, dk, dv, dbias;
-};
-
-// Leaf copy in `dtype` keeping the strides of t (so non-contiguous inputs stay non-contiguous).
-at::Tensor leaf(const at::Tensor& t, at::ScalarType dtype) {
-  at::Tensor r = at::empty_strided(t.sizes(), t.strides(), t.options().dtype(dtype));
-  r.copy_(t);
-  return r.detach().requires_grad_(true);
-}
-
 ApiRun run_api(const Case& c, const Inputs& in, Impl impl, at::ScalarType dtype) {
   at::Tensor q = leaf(in.q, dtype), k = leaf(in.k, dtype), v = leaf(in.v, dtype);
   at::Tensor bias;

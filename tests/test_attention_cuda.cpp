@@ -127,15 +127,7 @@ Inputs rounded(const Inputs& in, at::ScalarType dtype) {
   return r;
 }
 
-struct Outputs {
-  at::Tensor o, dq, dk, dv, dbias;
-};
-
-at::Tensor leaf(const at::Tensor& t, at::ScalarType dtype) {
-  at::Tensor r = at::empty_strided(t.sizes(), t.strides(), t.options().dtype(dtype));
-  r.copy_(t);
-  return r.detach().requires_grad_(true);
-}
+using Outputs = ApiRun;
 
 Outputs run_api(const Case& c, const Inputs& in, bool fused, at::ScalarType dtype) {
   at::Tensor q = leaf(in.q, dtype), k = leaf(in.k, dtype), v = leaf(in.v, dtype);
