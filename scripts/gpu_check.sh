@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [bench] [matrix] [converge] [fastmax]
+#   scripts/gpu_check.sh [build] [tests] [train] [bench] [matrix] [converge] [fastmax] [tune]
 #   (default: build tests train bench)
+# tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
+# tile variant of the fused kernels (attention/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
+# causal or not, after running the d64 / d128 CUDA test cases with that variant.
 # matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384.
 # fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
 # at seq 2048 with --attention fastmax beside the cosine (sdpa) model.
@@ -35,6 +38,7 @@ if has build; then
   t0=$(date +%s)
   prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
   if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DFLASHCOS_CUDA_ARCHS="${FLASHCOS_CUDA_ARCHS:-90}" \
+        -DFLASHCOS_TUNING="${FLASHCOS_TUNING:-OFF}" \
         > "$LOG/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" > "$LOG/build.log" 2>&1; then
     row "build" "ok ($(( $(date +%s) - t0 )) s)"
   else
@@ -103,6 +107,22 @@ if has fastmax; then
         --checkpoint-dir "$CK" --run fm-$att $extra > "$LOG/fastmax_train_$att.log" 2>&1
     row "train $att seq 2048 (val bpc)" "rc $?: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/fastmax_train_$att.log" | awk '{print $5}' | tr '\n' ' ')"
   done
+fi
+
+if has tune; then
+  for v in 0 1 2 3; do
+    export FLASHCOS_FWD_VARIANT=$v FLASHCOS_BWD_VARIANT=$v
+    "$BUILD/flashcos_tests" --gtest_brief=1 \
+        --gtest_filter='Cuda/FusedAttention.*/d64_*:Cuda/FusedAttention.*/d128_*' > "$LOG/tune_tests_v$v.log" 2>&1
+    res="tests rc $?, $(grep -cE '^\[  FAILED  \].*\(' "$LOG/tune_tests_v$v.log") failed;"
+    for c in "" "--causal"; do
+      "$TRAIN" bench $c --impls fused --dtype bf16 --dim-head 64,128 --seq-lens 8192 --batch 4 --heads 8 \
+          > "$LOG/tune_v${v}${c}.log" 2>&1
+      res+=" ${c:-full}: $(grep -E '^ +8192  fused' "$LOG/tune_v${v}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
+    done
+    row "tune v$v TFLOP/s d64 fwd,bwd,both; d128" "$res"
+  done
+  unset FLASHCOS_FWD_VARIANT FLASHCOS_BWD_VARIANT
 fi
 
 if has bench; then

@@ -14,17 +14,41 @@
 
 #include "attention/cuda/mma.cuh"
 #include "attention/cuda/params.h"
+#include "attention/cuda/tuning.h"
 
 namespace flashcos::cuda {
 
-// Warps x query rows per step, timed on the H100 (b4 h8 n8192 bf16, docs/kernels.md):
-// d64 4 warps x 32 rows (155 TFLOP/s vs 142 with 8 x 64), d128 8 warps x 64 rows (197 vs 181 with
-// 8 x 32); the other head dims keep 8 warps x 64 rows.
+// Tile shapes per head dim and variant: warps (16 keys each), query rows per step, and the
+// minimum resident CTAs per SM asked of the register allocator (__launch_bounds__). Variant 0 is
+// in use; 1..3 are compiled only in FLASHCOS_TUNING builds (tuning.h). Timed on the H100 (b4 h8
+// n8192 bf16, docs/kernels.md); d128: 8 warps x 64 rows (192 / 181 TFLOP/s; 8 x 32: 184 / 171,
+// 4 x 64: 174 / 167, 4 x 32: 184 / 171); the other head dims keep 8 warps x 64 rows.
+struct BwdShape {
+  int warps, rows, min_blocks;
+};
 template <int D>
+constexpr BwdShape bwd_shape(int variant) {
+  if (D == 64) {
+    // 0: 8 warps = 128 keys per CTA (half the dQ atomics of 64 keys), at most 128 registers so
+    // that 2 CTAs fit per SM: 179 / 158 TFLOP/s vs 136 / 128 with 4 warps x 32 rows at 206
+    // registers (variant 2) and 157 / 147 with those capped at 128 (variant 3).
+    constexpr BwdShape v[] = {{8, 32, 2}, {16, 32, 1}, {4, 32, 1}, {4, 32, 4}};
+    return v[variant];
+  }
+  if (D == 128) {
+    constexpr BwdShape v[] = {{8, 64, 1}, {8, 32, 1}, {4, 64, 2}, {4, 32, 2}};
+    return v[variant];
+  }
+  return {8, 64, 1};
+}
+
+template <int D, int V = 0>
 struct BwdTile {
-  static constexpr int kWarps = D == 64 ? 4 : 8;
+  static constexpr BwdShape kShape = bwd_shape<D>(V);
+  static constexpr int kWarps = kShape.warps;
+  static constexpr int kMinBlocks = kShape.min_blocks;
   static constexpr int kBN = 16 * kWarps;        // keys per CTA (16 per warp)
-  static constexpr int kBM = D == 64 ? 32 : 64;  // query rows per step
+  static constexpr int kBM = kShape.rows;        // query rows per step
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchS = kBM + 8;     // dS^T tile (kBN, kBM)
@@ -77,10 +101,10 @@ cudaError_t launch_delta(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(BwdTile<D>::kThreads)
+template <typename T, int D, int V>
+__global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBlocks)
     bwd_kernel(const BwdParams p) {
-  using Tile = BwdTile<D>;
+  using Tile = BwdTile<D, V>;
   constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kThreads = Tile::kThreads;
   constexpr int kPitch = Tile::kPitch, kPitchS = Tile::kPitchS;
   constexpr int kKT = D / 16;   // k-steps of K Q^T and V dO^T
@@ -328,15 +352,11 @@ __global__ void __launch_bounds__(BwdTile<D>::kThreads)
   }
 }
 
-template <typename T, int D>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Tile = BwdTile<D>;
-  {
-    const cudaError_t err = launch_delta<T, float>(p, stream);
-    if (err != cudaSuccess) return err;
-  }
+template <typename T, int D, int V>
+cudaError_t launch_bwd_tile(const BwdParams& p, cudaStream_t stream) {
+  using Tile = BwdTile<D, V>;
   const size_t smem = Tile::smem_bytes(sizeof(T));
-  auto kernel = bwd_kernel<T, D>;
+  auto kernel = bwd_kernel<T, D, V>;
   if (smem > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -345,6 +365,20 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  {
+    const cudaError_t err = launch_delta<T, float>(p, stream);
+    if (err != cudaSuccess) return err;
+  }
+  if constexpr (D == 64 || D == 128) {
+    return FLASHCOS_VARIANT_SWITCH(tuning_variant("FLASHCOS_BWD_VARIANT"), kV,
+                                   [&] { return launch_bwd_tile<T, D, kV>(p, stream); });
+  } else {
+    return launch_bwd_tile<T, D, 0>(p, stream);
+  }
 }
 
 }  // namespace flashcos::cuda

@@ -14,25 +14,55 @@
 // bf16 has fp32's exponent range and takes kOnline only past scale 34 (P < 2^-100).
 //
 // One CTA owns kBM = 16 kMT kWarps query rows of one (b, h) and streams K, V tiles of kBN keys
-// through a two-stage cp.async pipeline. Each warp keeps its Q rows (rQ), S (rS) and O (rO) in
-// registers; P never leaves registers (the S accumulator is repacked as the A operand of P V).
+// through a two-stage cp.async pipeline. Each warp keeps S (rS) and O (rO) in registers, and its
+// Q fragments too where the tile says so (else it re-reads them from shared memory each k-step);
+// P never leaves registers (the S accumulator is repacked as the A operand of P V).
 #pragma once
 
 #include <type_traits>
 
 #include "attention/cuda/mma.cuh"
 #include "attention/cuda/params.h"
+#include "attention/cuda/tuning.h"
 
 namespace flashcos::cuda {
 
-// Tile shapes per head dim (H100, b4 h8 n8192 bf16; see docs/kernels.md for the measurements).
+// Tile shapes per head dim and variant (H100, b4 h8 n8192 bf16; docs/kernels.md has the timings).
+// Variant 0 is the shape in use; 1..3 are compiled only in FLASHCOS_TUNING builds (tuning.h).
+//   warps, m-tiles of 16 rows per warp, keys per pipeline stage, Q fragments held in registers
+//   for the whole key loop (else re-read from shared memory each k-step, which frees registers),
+//   and the minimum resident CTAs per SM asked of the register allocator (__launch_bounds__).
+struct FwdShape {
+  int warps, m_tiles, keys;
+  bool q_in_regs;
+  int min_blocks;
+};
 template <int D>
+constexpr FwdShape fwd_shape(int variant) {
+  if (D == 64) {
+    // 0: 2 m-tiles halve the K / V reads per mma: 292 vs 242 TFLOP/s with 1 (24 bytes of spills).
+    constexpr FwdShape v[] = {
+        {4, 2, 64, true, 1}, {4, 2, 64, false, 1}, {4, 2, 32, false, 1}, {4, 1, 64, false, 4}};
+    return v[variant];
+  }
+  if (D == 128) {
+    // 0: 2 m-tiles per warp, Q re-read from shared memory, 32 keys per stage: 299 / 262 TFLOP/s
+    // (72 bytes of spills) vs 250 / 241 with 1 m-tile, Q in registers, 64 keys (variant 3).
+    constexpr FwdShape v[] = {
+        {4, 2, 32, false, 1}, {8, 2, 32, false, 1}, {4, 2, 48, false, 1}, {4, 1, 64, true, 1}};
+    return v[variant];
+  }
+  return {4, D <= 64 ? 2 : 1, 64, true, 1};
+}
+
+template <int D, int V = 0>
 struct FwdTile {
-  // d64: 2 m-tiles per warp halve the K / V shared-memory reads per mma: 292 vs 242 TFLOP/s
-  // (24 bytes of spills); d128: 4 warps x 1 m-tile, 256 vs 249 with 8 warps (2 m-tiles spill).
-  static constexpr int kWarps = 4;
-  static constexpr int kMT = D <= 64 ? 2 : 1;
-  static constexpr int kBN = 64;  // keys per pipeline stage; 128 was slower at d64 (221 vs 242)
+  static constexpr FwdShape kShape = fwd_shape<D>(V);
+  static constexpr int kWarps = kShape.warps;
+  static constexpr int kMT = kShape.m_tiles;
+  static constexpr int kBN = kShape.keys;
+  static constexpr bool kQInRegs = kShape.q_in_regs;
+  static constexpr int kMinBlocks = kShape.min_blocks;
   static constexpr int kBM = 16 * kMT * kWarps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPitch = D + 8;
@@ -46,10 +76,11 @@ struct FwdTile {
 template <typename T>
 constexpr float kFwdShiftLog2 = std::is_same_v<T, __half> ? 15.f : 0.f;
 
-template <typename T, int D, bool kOnline>
-__global__ void __launch_bounds__(FwdTile<D>::kThreads)
+template <typename T, int D, int V, bool kOnline>
+__global__ void __launch_bounds__(FwdTile<D, V>::kThreads, FwdTile<D, V>::kMinBlocks)
     fwd_kernel(const FwdParams p) {
-  using Tile = FwdTile<D>;
+  using Tile = FwdTile<D, V>;
+  constexpr bool kQInRegs = Tile::kQInRegs;
   constexpr int kMT = Tile::kMT, kBN = Tile::kBN, kBM = Tile::kBM;
   constexpr int kThreads = Tile::kThreads, kPitch = Tile::kPitch;
   constexpr int kKT = D / 16;   // k-steps of Q K^T
@@ -88,13 +119,17 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
   cp_async_wait<0>();
   __syncthreads();
 
-  uint32_t rQ[kMT][kKT][4];
+  // This lane's ldmatrix row address of Q's m-tile mt, k-step kk.
+  auto q_frag = [&](int mt, int kk) {
+    return sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kPitch + kk * 16 + (lane / 16) * 8;
+  };
+  uint32_t rQ[kQInRegs ? kMT : 1][kQInRegs ? kKT : 1][4];
+  if constexpr (kQInRegs) {
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < kKT; ++kk)
-      ldmatrix_x4(rQ[mt][kk],
-                  sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kPitch + kk * 16 + (lane / 16) * 8);
+      for (int kk = 0; kk < kKT; ++kk) ldmatrix_x4(rQ[mt][kk], q_frag(mt, kk));
+  }
 
   float rO[kMT][kDT][4];
   // Row sums of the 16-bit P by the tensor cores: P (16 x 16) times a ones (16 x 8) B operand
@@ -145,6 +180,16 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
       for (int nt = 0; nt < kNT; ++nt) rS[mt][nt][0] = rS[mt][nt][1] = rS[mt][nt][2] = rS[mt][nt][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kKT; ++kk) {
+      uint32_t rA[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) rA[mt][e] = rQ[mt][kk][e];
+        } else {
+          ldmatrix_x4(rA[mt], q_frag(mt, kk));
+        }
+      }
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t rK[4];
@@ -152,8 +197,8 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
                             ((lane / 8) % 2) * 8);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<T>(rS[mt][2 * np], rQ[mt][kk], rK[0], rK[1]);
-          mma_16816<T>(rS[mt][2 * np + 1], rQ[mt][kk], rK[2], rK[3]);
+          mma_16816<T>(rS[mt][2 * np], rA[mt], rK[0], rK[1]);
+          mma_16816<T>(rS[mt][2 * np + 1], rA[mt], rK[2], rK[3]);
         }
       }
     }
@@ -290,15 +335,15 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
     }
 }
 
-template <typename T, int D>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Tile = FwdTile<D>;
+template <typename T, int D, int V>
+cudaError_t launch_fwd_tile(const FwdParams& p, cudaStream_t stream) {
+  using Tile = FwdTile<D, V>;
   const size_t smem = Tile::smem_bytes(sizeof(T));
   // Binades spanned by exp(scale (cos - 1)); see the header comment for the two limits.
   const float span_log2 = 2.f * p.scale * kLog2e;
   const bool online = !p.exp_kind && (std::is_same_v<T, __half> ? (p.bias != nullptr || span_log2 > 29.f)
                                                                  : span_log2 > 100.f);
-  auto kernel = online ? fwd_kernel<T, D, true> : fwd_kernel<T, D, false>;
+  auto kernel = online ? fwd_kernel<T, D, V, true> : fwd_kernel<T, D, V, false>;
   if (smem > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -307,6 +352,16 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  if constexpr (D == 64 || D == 128) {
+    return FLASHCOS_VARIANT_SWITCH(tuning_variant("FLASHCOS_FWD_VARIANT"), kV,
+                                   [&] { return launch_fwd_tile<T, D, kV>(p, stream); });
+  } else {
+    return launch_fwd_tile<T, D, 0>(p, stream);
+  }
 }
 
 }  // namespace flashcos::cuda
