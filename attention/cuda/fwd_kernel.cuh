@@ -46,10 +46,11 @@ constexpr FwdShape fwd_shape(int variant) {
     return v[variant];
   }
   if (D == 128) {
-    // 0: 2 m-tiles per warp, Q re-read from shared memory, 32 keys per stage: 299 / 262 TFLOP/s
-    // (72 bytes of spills) vs 250 / 241 with 1 m-tile, Q in registers, 64 keys (variant 3).
+    // 0: 2 m-tiles per warp, Q re-read from shared memory, 48 keys per stage (180 bytes of
+    // spills): 311 / 272 TFLOP/s vs 299 / 260 with 32 keys (variant 1) and 250 / 241 with the
+    // earlier 1 m-tile, Q in registers, 64 keys (variant 3).
     constexpr FwdShape v[] = {
-        {4, 2, 32, false, 1}, {8, 2, 32, false, 1}, {4, 2, 48, false, 1}, {4, 1, 64, true, 1}};
+        {4, 2, 48, false, 1}, {4, 2, 32, false, 1}, {8, 2, 32, false, 1}, {4, 1, 64, true, 1}};
     return v[variant];
   }
   return {4, D <= 64 ? 2 : 1, 64, true, 1};
