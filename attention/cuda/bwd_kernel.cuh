@@ -373,9 +373,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (D == 64 || D == 128) {
-    return FLASHCOS_VARIANT_SWITCH(tuning_variant("FLASHCOS_BWD_VARIANT"), kV,
-                                   [&] { return launch_bwd_tile<T, D, kV>(p, stream); });
+  if constexpr (kHasTileVariants<D>) {
+    [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_BWD_VARIANT");
+    return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] { return launch_bwd_tile<T, D, kV>(p, stream); });
   } else {
     return launch_bwd_tile<T, D, 0>(p, stream);
   }

@@ -357,9 +357,9 @@ cudaError_t launch_fwd_tile(const FwdParams& p, cudaStream_t stream) {
 
 template <typename T, int D>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  if constexpr (D == 64 || D == 128) {
-    return FLASHCOS_VARIANT_SWITCH(tuning_variant("FLASHCOS_FWD_VARIANT"), kV,
-                                   [&] { return launch_fwd_tile<T, D, kV>(p, stream); });
+  if constexpr (kHasTileVariants<D>) {
+    [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_FWD_VARIANT");
+    return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] { return launch_fwd_tile<T, D, kV>(p, stream); });
   } else {
     return launch_fwd_tile<T, D, 0>(p, stream);
   }

@@ -30,3 +30,22 @@
     using TYPE_NAME = float;                                                          \
     return __VA_ARGS__();                                                             \
   }()
+
+// Tile variant (attention/cuda/tuning.h) -> template argument; only 0 outside FLASHCOS_TUNING builds.
+#ifdef FLASHCOS_TUNING
+#define FLASHCOS_VARIANT_SWITCH(VARIANT, CONST_NAME, ...)              \
+  [&]() -> cudaError_t {                                               \
+    switch (VARIANT) {                                                 \
+      case 1: { constexpr int CONST_NAME = 1; return __VA_ARGS__(); }  \
+      case 2: { constexpr int CONST_NAME = 2; return __VA_ARGS__(); }  \
+      case 3: { constexpr int CONST_NAME = 3; return __VA_ARGS__(); }  \
+      default: { constexpr int CONST_NAME = 0; return __VA_ARGS__(); } \
+    }                                                                  \
+  }()
+#else
+#define FLASHCOS_VARIANT_SWITCH(VARIANT, CONST_NAME, ...) \
+  [&]() -> cudaError_t {                                  \
+    constexpr int CONST_NAME = 0;                         \
+    return __VA_ARGS__();                                 \
+  }()
+#endif
