@@ -22,6 +22,8 @@ namespace {
 // Elements of the largest per-step work tensor (features of a token block): bounds the
 // workspace independently of the sequence length.
 constexpr int64_t kWorkspaceElems = int64_t{1} << 27;
+// Chunk of the fused CUDA scan (attention/cuda/fastmax_scan.cu).
+constexpr int64_t kFusedChunk = 64;
 
 bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
@@ -107,6 +109,8 @@ at::Tensor feature_grad(const at::Tensor& u, const at::Tensor& x, const FastmaxC
 // Non-causal: one moment matrix per head over all columns, applied to every row.
 FastmaxScanResult scan_full(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w, const at::Tensor& g,
                             const FastmaxCoef& c, bool want_out, bool cuda) {
+  if (cuda && fastmax_fused_scan_available(x))
+    return fastmax_fused_scan_cuda(x, y, w, g, c, false, want_out, at::Tensor(), at::Tensor());
   const int64_t N = x.size(0), Lx = x.size(1), Ly = y.size(1), D = x.size(2), E = w.size(2);
   const int64_t F = fastmax_num_features(c.p, D);
   const at::ScalarType cd = x.scalar_type(), acc = acc_type(cd);
@@ -141,7 +145,9 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
   const int64_t N = x.size(0), L = x.size(1), D = x.size(2), E = w.size(2);
   const int64_t F = fastmax_num_features(c.p, D);
   const at::ScalarType cd = x.scalar_type(), acc = acc_type(cd);
-  const int64_t chunks_per_group = std::max<int64_t>(1, kWorkspaceElems / (N * C * std::max(F, C)));
+  // The fused kernel carries the moments on chip; only the in-chunk part is computed here.
+  const bool fused = cuda && C == kFusedChunk && fastmax_fused_scan_available(x);
+  const int64_t chunks_per_group = std::max<int64_t>(1, kWorkspaceElems / (N * C * (fused ? C : std::max(F, C))));
   const at::TensorOptions ao = x.options().dtype(acc);
   const at::Tensor mask = at::ones({C, C}, x.options().dtype(at::kBool)).tril();
   at::Tensor S0 = at::zeros({N, 1, F, E}, ao);  // moments of every column before the group
@@ -163,6 +169,11 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
       gx_g = gemm_acc(at::where(mask, kernel_fprime(s, c) * dA, 0.0), yg, cd, acc);
     }
     s = at::Tensor();
+    if (fused) {
+      if (want_out) r.out.narrow(1, t0, n).copy_(out_g.view({N, n, E}));
+      if (g.defined()) r.gx.narrow(1, t0, n).copy_(gx_g.view({N, n, D}));
+      continue;
+    }
     // Across chunks: exclusive prefix sums of the per-chunk moments.
     at::Tensor dS = gemm_acc(features(yg, c, false, cuda).transpose(1, 2), wg, cd, acc).view({N, G, F, E});
     at::Tensor Sincl = dS.cumsum(1).add_(S0);
@@ -180,6 +191,7 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
       r.gx.narrow(1, t0, n).copy_(gx_g.view({N, n, D}));
     }
   }
+  if (fused) return fastmax_fused_scan_cuda(x, y, w, g, c, true, want_out, r.out, r.gx);
   return r;
 }
 
@@ -277,7 +289,9 @@ FastmaxScanResult fastmax_scan(const at::Tensor& x, const at::Tensor& y, const a
     return r;
   }
   const int64_t len = std::max(Lx2, Ly);
-  if (chunk <= 0) chunk = auto_chunk(fastmax_num_features(c.p, x.size(2)), w.size(2));
+  if (chunk <= 0)
+    chunk = cuda && fastmax_fused_scan_available(x) ? kFusedChunk
+                                                    : auto_chunk(fastmax_num_features(c.p, x.size(2)), w.size(2));
   const int64_t C = std::min(chunk, len);
   const int64_t L = (len + C - 1) / C * C;
   at::Tensor xs = drop > 0 ? x.narrow(1, drop, Lx - drop) : x;

@@ -104,5 +104,65 @@ at::Tensor fastmax_feature_grad_cuda(const at::Tensor& u, const at::Tensor& x, c
 #endif
 }
 
+bool fastmax_fused_scan_available(const at::Tensor& x) {
+#ifdef FLASHCOS_WITH_CUDA
+  return x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 3 &&
+         cuda::fastmax_scan_supported(int(x.size(2))) && x.size(0) <= 65535 && x.size(1) <= (int64_t{1} << 30);
+#else
+  return false;
+#endif
+}
+
+FastmaxScanResult fastmax_fused_scan_cuda(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w,
+                                          const at::Tensor& g, const FastmaxCoef& c, bool causal, bool want_out,
+                                          const at::Tensor& out_init, const at::Tensor& gx_init) {
+#ifdef FLASHCOS_WITH_CUDA
+  TORCH_CHECK(fastmax_fused_scan_available(x) && y.scalar_type() == at::kBFloat16 && y.size(2) == x.size(2),
+              "fastmax: the fused scan needs bf16 x, y with head dim 16, 32 or 64; got ", x.scalar_type(), " ",
+              x.sizes(), " and ", y.scalar_type(), " ", y.sizes());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t N = x.size(0), Lx = x.size(1), Ly = y.size(1), D = x.size(2), E = w.size(2);
+  const int64_t Ep = (E + 15) / 16 * 16;
+  auto padded = [&](const at::Tensor& t, int64_t rows, const at::Tensor& init) {
+    at::Tensor r = at::zeros({N, rows, Ep}, x.options().dtype(at::kFloat));
+    if (init.defined()) r.narrow(-1, 0, E).copy_(init);
+    return r;
+  };
+  at::Tensor xc = x.contiguous(), yc = y.contiguous();
+  at::Tensor wp = padded(w, Ly, w);
+  at::Tensor gp = g.defined() ? padded(g, Lx, g) : at::Tensor();
+  at::Tensor out = want_out ? padded(w, Lx, out_init) : at::Tensor();
+  at::Tensor gx;
+  if (g.defined()) {
+    gx = gx_init.defined() ? gx_init.to(at::kFloat).contiguous() : at::zeros({N, Lx, D}, x.options().dtype(at::kFloat));
+  }
+  cuda::FastmaxScanParams p;
+  p.x = xc.data_ptr();
+  p.y = yc.data_ptr();
+  p.w = wp.data_ptr<float>();
+  p.g = gp.defined() ? gp.data_ptr<float>() : nullptr;
+  p.out = out.defined() ? out.data_ptr<float>() : nullptr;
+  p.gx = gx.defined() ? gx.data_ptr<float>() : nullptr;
+  p.n = N;
+  p.lx = int(Lx);
+  p.ly = int(Ly);
+  p.d = int(D);
+  p.ep = int(Ep);
+  p.p = int(c.p);
+  p.a0 = float(c.a0);
+  p.a1 = float(c.a1);
+  p.a2 = float(c.a2);
+  p.causal = causal;
+  const cudaError_t err = cuda::launch_fastmax_scan(p, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "fastmax: fused scan kernel launch failed: ", cudaGetErrorString(err));
+  FastmaxScanResult r;
+  if (want_out) r.out = out.narrow(-1, 0, E);
+  r.gx = gx;
+  return r;
+#else
+  TORCH_CHECK(false, "fastmax: this build has no CUDA kernels (nvcc was not found at configure time)");
+#endif
+}
+
 }  // namespace detail
 }  // namespace flashcos

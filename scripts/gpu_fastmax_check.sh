@@ -14,6 +14,7 @@ BUILD=${BUILD:-build-fastmax-gpu}
 BIN="$BUILD/fastmax_tests"
 OBJS="CMakeFiles/flashcos.dir/attention/fastmax.cpp.o CMakeFiles/flashcos.dir/attention/fastmax_chunked.cpp.o
       CMakeFiles/flashcos.dir/attention/fastmax_cuda.cpp.o CMakeFiles/flashcos.dir/attention/cuda/fastmax.cu.o
+      CMakeFiles/flashcos.dir/attention/cuda/fastmax_scan.cu.o
       CMakeFiles/flashcos_tests.dir/tests/test_fastmax.cpp.o CMakeFiles/flashcos_tests.dir/tests/test_fastmax_cuda.cpp.o"
 t0=$(date +%s)
 {
@@ -44,10 +45,16 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sanitizer ]; then
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
   if [ -n "$SAN" ]; then
     timeout ${SAN_TIMEOUT:-240} "$SAN" --tool memcheck --error-exitcode 3 "$BIN" \
-      --gtest_filter='Gpu/FastmaxCuda.ForwardAndGradsVsFp64/bf16_d64_p2_causal_i100_j301:Gpu/FastmaxCuda.ForwardAndGradsVsFp64/f32_d128_p2_full_i100_j301:Gpu/FastmaxCuda.ForwardAndGradsVsFp64/f16_d16_p1_causal_i257_j257:FastmaxCudaShapes.*' \
+      --gtest_filter='Gpu/FastmaxCuda.ForwardAndGradsVsFp64/bf16_d64_p2_causal_i100_j301:Gpu/FastmaxCuda.ForwardAndGradsVsFp64/bf16_d32_p2_full_i100_j301:Gpu/FastmaxCuda.ForwardAndGradsVsFp64/bf16_d16_p1_causal_i257_j257:Gpu/FastmaxCuda.ForwardAndGradsVsFp64/f32_d128_p2_full_i100_j301:Gpu/FastmaxCuda.ForwardAndGradsVsFp64/f16_d16_p1_causal_i257_j257:FastmaxCudaShapes.*' \
       > "$OUT/sanitizer.log" 2>&1
     echo "compute-sanitizer memcheck rc=$?"
     grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | tail -4
+    # The fused moment scan (shared-memory atomics, cp.async double buffer): racecheck.
+    timeout ${SAN_TIMEOUT:-240} "$SAN" --tool racecheck --error-exitcode 3 "$BIN" \
+      --gtest_filter='Gpu/FastmaxCuda.ForwardAndGradsVsFp64/bf16_d64_p2_causal_i257_j257:Gpu/FastmaxCuda.ForwardAndGradsVsFp64/bf16_d32_p2_full_i100_j301' \
+      > "$OUT/racecheck.log" 2>&1
+    echo "compute-sanitizer racecheck rc=$?"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/racecheck.log" | tail -4
   else
     echo "compute-sanitizer not found"
   fi

@@ -41,4 +41,30 @@ struct FastmaxFeatureGradParams {
 cudaError_t launch_fastmax_features(const FastmaxFeatureParams& params, cudaStream_t stream);
 cudaError_t launch_fastmax_feature_grad(const FastmaxFeatureGradParams& params, cudaStream_t stream);
 
+// Fused moment scan (attention/cuda/fastmax_scan.cu), bf16 x / y, head dims 16 / 32 / 64.
+// Adds into out (N, Lx, Ep) and gx (N, Lx, D) (float32, += through atomics):
+//   out_i += sum_{j visible} f(x_i . y_j) w_j              (moment part only, see below)
+//   gx_i  += sum_{j visible} f'(x_i . y_j) (g_i . w_j) y_j
+// with f(s) = a0 + a1 s (+ a2 s^2 when p = 2), computed from the moments
+//   Z0 = sum_j w_j,  Z1[r, e] = sum_j y_jr w_je,  Z2[m, r, e] = sum_j y_jm y_jr w_je
+// held on chip (Z2 in tensor-core accumulators, sliced over 16 columns e and a few m per CTA);
+// nothing of size F = O(D^2) per token is ever written to memory.
+// Non-causal: every row sees every column. Causal: Lx == Ly == L, a multiple of 64, and row i sees
+// the columns of the 64-token chunks before its own; the in-chunk part is the caller's.
+struct FastmaxScanParams {
+  const void* x = nullptr;  // (N, Lx, D) bf16, contiguous
+  const void* y = nullptr;  // (N, Ly, D) bf16, contiguous
+  const float* w = nullptr; // (N, Ly, Ep) float32, contiguous, Ep a multiple of 16 (zero padded)
+  const float* g = nullptr; // (N, Lx, Ep) float32 or null (no gx)
+  float* out = nullptr;     // (N, Lx, Ep) or null (no out)
+  float* gx = nullptr;      // (N, Lx, D); needed when g is set
+  int64_t n = 0;
+  int lx = 0, ly = 0, d = 0, ep = 0, p = 2;
+  float a0 = 1, a1 = 1, a2 = 0.5f;
+  bool causal = false;
+};
+constexpr int kFastmaxScanChunk = 64;
+bool fastmax_scan_supported(int d);
+cudaError_t launch_fastmax_scan(const FastmaxScanParams& params, cudaStream_t stream);
+
 }  // namespace flashcos::cuda

@@ -40,6 +40,19 @@ __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
   atomicAdd(dst + 1, b);
 #endif
 }
+// dst[0..3] += v (16-byte aligned); one vector reduction on sm_90, four before.
+__device__ __forceinline__ void atomic_add4(float* dst, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w)
+               : "memory");
+#else
+  atomicAdd(dst, v.x);
+  atomicAdd(dst + 1, v.y);
+  atomicAdd(dst + 2, v.z);
+  atomicAdd(dst + 3, v.w);
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
