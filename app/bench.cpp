@@ -246,7 +246,7 @@ cxxopts::Options make_options() {
       ("fastmax-normalize", "fastmax: rescale q, k per token to norm --fastmax-lim")
       ("fastmax-lim", "fastmax normalize radius", text("1"))
       ("fastmax-temperature", "fastmax temperature", text("1"))
-      ("fastmax-chunk-size", "fastmax causal scan chunk", text("256"));
+      ("fastmax-chunk-size", "fastmax causal scan chunk; 0 = automatic (64 on the fused CUDA scan)", text("0"));
   options.add_options("what to time")
       ("impls", "comma list restricting the implementations: plain, tiled, fused, sdpa-flash, "
                 "sdpa-cudnn, sdpa-efficient, sdpa-math; with --attention fastmax also "
@@ -310,7 +310,7 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
                     .temperature(parse_double("fastmax-temperature",
                                               r["fastmax-temperature"].as<std::string>()))
                     .chunk_size(parse_int("fastmax-chunk-size",
-                                          r["fastmax-chunk-size"].as<std::string>(), 1));
+                                          r["fastmax-chunk-size"].as<std::string>(), 0));
   if (cfg.attention == "fastmax") {
     try {
       check_fastmax_options(cfg.fastmax);
