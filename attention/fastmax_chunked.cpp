@@ -145,9 +145,10 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
   const int64_t N = x.size(0), L = x.size(1), D = x.size(2), E = w.size(2);
   const int64_t F = fastmax_num_features(c.p, D);
   const at::ScalarType cd = x.scalar_type(), acc = acc_type(cd);
-  // The fused kernel carries the moments on chip; only the in-chunk part is computed here.
-  const bool fused = cuda && C == kFusedChunk && fastmax_fused_scan_available(x);
-  const int64_t chunks_per_group = std::max<int64_t>(1, kWorkspaceElems / (N * C * (fused ? C : std::max(F, C))));
+  // The fused kernel does the whole scan: moments on chip, in-chunk part in the kernel.
+  if (cuda && C == kFusedChunk && fastmax_fused_scan_available(x))
+    return fastmax_fused_scan_cuda(x, y, w, g, c, true, want_out, at::Tensor(), at::Tensor());
+  const int64_t chunks_per_group = std::max<int64_t>(1, kWorkspaceElems / (N * C * std::max(F, C)));
   const at::TensorOptions ao = x.options().dtype(acc);
   const at::Tensor mask = at::ones({C, C}, x.options().dtype(at::kBool)).tril();
   at::Tensor S0 = at::zeros({N, 1, F, E}, ao);  // moments of every column before the group
@@ -169,11 +170,6 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
       gx_g = gemm_acc(at::where(mask, kernel_fprime(s, c) * dA, 0.0), yg, cd, acc);
     }
     s = at::Tensor();
-    if (fused) {
-      if (want_out) r.out.narrow(1, t0, n).copy_(out_g.view({N, n, E}));
-      if (g.defined()) r.gx.narrow(1, t0, n).copy_(gx_g.view({N, n, D}));
-      continue;
-    }
     // Across chunks: exclusive prefix sums of the per-chunk moments.
     at::Tensor dS = gemm_acc(features(yg, c, false, cuda).transpose(1, 2), wg, cd, acc).view({N, G, F, E});
     at::Tensor Sincl = dS.cumsum(1).add_(S0);
@@ -191,7 +187,6 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
       r.gx.narrow(1, t0, n).copy_(gx_g.view({N, n, D}));
     }
   }
-  if (fused) return fastmax_fused_scan_cuda(x, y, w, g, c, true, want_out, r.out, r.gx);
   return r;
 }
 

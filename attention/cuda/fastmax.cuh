@@ -43,14 +43,14 @@ cudaError_t launch_fastmax_feature_grad(const FastmaxFeatureGradParams& params, 
 
 // Fused moment scan (attention/cuda/fastmax_scan.cu), bf16 x / y, head dims 16 / 32 / 64.
 // Adds into out (N, Lx, Ep) and gx (N, Lx, D) (float32, += through atomics):
-//   out_i += sum_{j visible} f(x_i . y_j) w_j              (moment part only, see below)
+//   out_i += sum_{j visible} f(x_i . y_j) w_j
 //   gx_i  += sum_{j visible} f'(x_i . y_j) (g_i . w_j) y_j
 // with f(s) = a0 + a1 s (+ a2 s^2 when p = 2), computed from the moments
 //   Z0 = sum_j w_j,  Z1[r, e] = sum_j y_jr w_je,  Z2[m, r, e] = sum_j y_jm y_jr w_je
 // held on chip (Z2 in tensor-core accumulators, sliced over 16 columns e and a few m per CTA);
 // nothing of size F = O(D^2) per token is ever written to memory.
 // Non-causal: every row sees every column. Causal: Lx == Ly == L, a multiple of 64, and row i sees
-// the columns of the 64-token chunks before its own; the in-chunk part is the caller's.
+// the columns j <= i (the moments of the earlier 64-token chunks plus the exact in-chunk part).
 struct FastmaxScanParams {
   const void* x = nullptr;  // (N, Lx, D) bf16, contiguous
   const void* y = nullptr;  // (N, Ly, D) bf16, contiguous

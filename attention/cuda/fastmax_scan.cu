@@ -11,7 +11,8 @@
 //   type B: the linear moments Z1^T[e, r] = sum_j w_je y_jr (one accumulator tile in warp 0, the
 //           same update with y_m = 1) and Z0[e]: out += a0 Z0 + a1 x Z1 (the same query), and
 //           gx += a1 g Z1^T as a small MMA of warps 1..4 on a bf16 copy of the tile in shared
-//           memory. p = 1 has type B CTAs only.
+//           memory. Causal: warps 1..4 also add the exact in-chunk part, S = X Y^T per 16-row
+//           tile under the mask, out += f(S) W, gx += (f'(S) o G W^T) Y. p = 1 has type B CTAs only.
 // bf16 operands are exact for x, y; the float32 values U and Z2 are split into bf16 hi + lo
 // (two MMAs each), so products keep ~16 significant bits and the moments accumulate in float32.
 // Partial sums of out (over m groups) and gx (over e slices, A and B) meet through float32 vector
@@ -133,13 +134,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
     cp_async_commit();
   };
 
-  float z[S::kMPW][D / 8][4];
-#pragma unroll
-  for (int mi = 0; mi < S::kMPW; ++mi)
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) z[mi][nt][k] = 0.f;
+  float z[S::kMPW][D / 8][4];  // zeroed by the roles that use it (main_loop)
 
   // Z2^T tiles += U^T Y for one chunk of columns. kLin (type B, warp 0): one tile, Z1^T, with
   // y_m = 1 in U; Z0 accumulates in z0_lo / z0_hi (this lane's columns j, rows e = g8, g8 + 8).
@@ -202,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
   };
 
   // H^T = Z2^T X^T for one chunk of rows, contracted into s_out / s_gx. kLin (type B, warp 0):
-  // out = a0 Z0 + a1 H1 from the Z1^T tile (its gx part is lin_gx).
+  // out = a0 Z0 + a1 H1 from the Z1^T tile (its gx part is lin_rows).
   auto query = [&](int s, auto lin) {
     constexpr bool kLin = decltype(lin)::value;
     constexpr int kTiles = kLin ? 1 : S::kMPW;
@@ -248,10 +243,10 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
 #pragma unroll
           for (int nt = 0; nt < kC / 8; ++nt) {
             const int i0 = nt * 8 + 2 * t4;
-            s_out[i0 * kWPitch + g8] += z0a + a1 * h[nt][0];
-            s_out[(i0 + 1) * kWPitch + g8] += z0a + a1 * h[nt][1];
-            s_out[i0 * kWPitch + g8 + 8] += z0b + a1 * h[nt][2];
-            s_out[(i0 + 1) * kWPitch + g8 + 8] += z0b + a1 * h[nt][3];
+            atomicAdd(&s_out[i0 * kWPitch + g8], z0a + a1 * h[nt][0]);
+            atomicAdd(&s_out[(i0 + 1) * kWPitch + g8], z0a + a1 * h[nt][1]);
+            atomicAdd(&s_out[i0 * kWPitch + g8 + 8], z0b + a1 * h[nt][2]);
+            atomicAdd(&s_out[(i0 + 1) * kWPitch + g8 + 8], z0b + a1 * h[nt][3]);
           }
         }
         continue;
@@ -288,47 +283,166 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
     }
   };
 
-  // Type B, warps 1 .. kC / 16: gx[i, t] = a1 sum_e g_ie Z1[t, e] for one 16-row tile of the chunk,
-  // a (16 x 16 e) x (16 e x D) MMA with B from the bf16 Z1^T tile.
-  auto lin_gx = [&](int s) {
+  // Type B, warps 1 .. kC / 16, one 16-row tile each (rows r0, r0 + 8 of the chunk):
+  //   causal: the in-chunk part, S = X Y^T (16 x 64) under j <= i, out += f(S) W, gx += (f'(S) o G W^T) Y;
+  //   with_state: gx[i, t] += a1 sum_e g_ie Z1[t, e], an MMA with B from the bf16 Z1^T tile.
+  // All over this CTA's 16 columns e (gx sums over the e slices through the atomics).
+  auto lin_rows = [&](int s, bool with_state) {
     const int wi = warp - 1;
-    if (!want_gx || wi < 0 || wi >= kC / 16) return;
+    if (wi < 0 || wi >= kC / 16) return;
+    const bool intra = p.causal;
+    if (!intra && !want_gx) return;
+    const T* x = sx(s);
+    const T* y = sy(s);
+    const float* w = sw(s);
     const float* g = sg(s);
     const int r0 = wi * 16 + g8;
-    uint32_t a[4];
-    a[0] = pack2<T>(g[r0 * kWPitch + 2 * t4], g[r0 * kWPitch + 2 * t4 + 1]);
-    a[1] = pack2<T>(g[(r0 + 8) * kWPitch + 2 * t4], g[(r0 + 8) * kWPitch + 2 * t4 + 1]);
-    a[2] = pack2<T>(g[r0 * kWPitch + 2 * t4 + 8], g[r0 * kWPitch + 2 * t4 + 9]);
-    a[3] = pack2<T>(g[(r0 + 8) * kWPitch + 2 * t4 + 8], g[(r0 + 8) * kWPitch + 2 * t4 + 9]);
+    float gacc[D / 8][4];
+    uint32_t ga[4] = {0u, 0u, 0u, 0u};  // G rows r0, r0 + 8 as an A fragment (k = e)
+    if (want_gx) {
+      ga[0] = pack2<T>(g[r0 * kWPitch + 2 * t4], g[r0 * kWPitch + 2 * t4 + 1]);
+      ga[1] = pack2<T>(g[(r0 + 8) * kWPitch + 2 * t4], g[(r0 + 8) * kWPitch + 2 * t4 + 1]);
+      ga[2] = pack2<T>(g[r0 * kWPitch + 2 * t4 + 8], g[r0 * kWPitch + 2 * t4 + 9]);
+      ga[3] = pack2<T>(g[(r0 + 8) * kWPitch + 2 * t4 + 8], g[(r0 + 8) * kWPitch + 2 * t4 + 9]);
+    }
+    if (intra) {
+      float sc[kC / 8][4];
 #pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
-      uint32_t rB[4];
-      ldmatrix_x4_trans(rB, s_z1t + (lane % 8 + ((lane / 8) % 2) * 8) * P + np * 16 + (lane / 16) * 8);
-      float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_16816<T>(c0, a, rB[0], rB[1]);
-      mma_16816<T>(c1, a, rB[2], rB[3]);
-      const int t0 = np * 16 + 2 * t4;
-      s_gx[r0 * GP + t0] = a1 * c0[0];
-      s_gx[r0 * GP + t0 + 1] = a1 * c0[1];
-      s_gx[(r0 + 8) * GP + t0] = a1 * c0[2];
-      s_gx[(r0 + 8) * GP + t0 + 1] = a1 * c0[3];
-      s_gx[r0 * GP + t0 + 8] = a1 * c1[0];
-      s_gx[r0 * GP + t0 + 9] = a1 * c1[1];
-      s_gx[(r0 + 8) * GP + t0 + 8] = a1 * c1[2];
-      s_gx[(r0 + 8) * GP + t0 + 9] = a1 * c1[3];
+      for (int nt = 0; nt < kC / 8; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sc[nt][k] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ra[4];
+        ldmatrix_x4(ra, x + (wi * 16 + lane % 16) * P + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int np = 0; np < kC / 16; ++np) {
+          uint32_t rb[4];
+          ldmatrix_x4(rb, y + (np * 16 + lane % 8 + (lane / 16) * 8) * P + kk * 16 + ((lane / 8) % 2) * 8);
+          mma_16816<T>(sc[2 * np], ra, rb[0], rb[1]);
+          mma_16816<T>(sc[2 * np + 1], ra, rb[2], rb[3]);
+        }
+      }
+      // P = f(S) under the mask as A fragments; sc becomes f'(S) under the mask.
+      uint32_t pa[kC / 16][4];
+#pragma unroll
+      for (int nt = 0; nt < kC / 8; ++nt) {
+        float pv[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int i = r0 + (k / 2) * 8, j = nt * 8 + 2 * t4 + (k % 2);
+          const float sv = sc[nt][k];
+          const bool on = j <= i;
+          pv[k] = on ? a0 + sv * (a1 + a2 * sv) : 0.f;
+          sc[nt][k] = on ? a1 + 2.f * a2 * sv : 0.f;
+        }
+        pa[nt / 2][(nt % 2) * 2] = pack2<T>(pv[0], pv[1]);
+        pa[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
+      }
+      if (want_out) {
+        float o[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < kC / 16; ++kk) {
+          const int j0 = kk * 16 + 2 * t4;
+#pragma unroll
+          for (int et = 0; et < 2; ++et) {
+            const int e = et * 8 + g8;
+            const uint32_t b0 = pack2<T>(w[j0 * kWPitch + e], w[(j0 + 1) * kWPitch + e]);
+            const uint32_t b1 = pack2<T>(w[(j0 + 8) * kWPitch + e], w[(j0 + 9) * kWPitch + e]);
+            mma_16816<T>(o[et], pa[kk], b0, b1);
+          }
+        }
+#pragma unroll
+        for (int et = 0; et < 2; ++et) {
+          const int e = et * 8 + 2 * t4;
+          atomicAdd(&s_out[r0 * kWPitch + e], o[et][0]);
+          atomicAdd(&s_out[r0 * kWPitch + e + 1], o[et][1]);
+          atomicAdd(&s_out[(r0 + 8) * kWPitch + e], o[et][2]);
+          atomicAdd(&s_out[(r0 + 8) * kWPitch + e + 1], o[et][3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gacc[nt][k] = 0.f;
+      if (want_gx) {
+        // dA = G W^T over this slice's e, then dS = f'(S) dA, gx += dS Y.
+#pragma unroll
+        for (int nt = 0; nt < kC / 8; ++nt) {
+          const int j = nt * 8 + g8;
+          const uint32_t b0 = pack2<T>(w[j * kWPitch + 2 * t4], w[j * kWPitch + 2 * t4 + 1]);
+          const uint32_t b1 = pack2<T>(w[j * kWPitch + 2 * t4 + 8], w[j * kWPitch + 2 * t4 + 9]);
+          float da[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_16816<T>(da, ga, b0, b1);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sc[nt][k] *= da[k];
+        }
+#pragma unroll
+        for (int kk = 0; kk < kC / 16; ++kk) {
+          uint32_t da_frag[4];
+          da_frag[0] = pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
+          da_frag[1] = pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
+          da_frag[2] = pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+          da_frag[3] = pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+          for (int np = 0; np < D / 16; ++np) {
+            uint32_t rY[4];
+            ldmatrix_x4_trans(rY, y + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * P + np * 16 + (lane / 16) * 8);
+            mma_16816<T>(gacc[2 * np], da_frag, rY[0], rY[1]);
+            mma_16816<T>(gacc[2 * np + 1], da_frag, rY[2], rY[3]);
+          }
+        }
+      }
+    }
+    if (!want_gx) return;
+    if (!intra) {
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gacc[nt][k] = 0.f;
+    }
+    if (with_state) {
+      uint32_t a[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ga[k]));
+        a[k] = pack2<T>(a1 * f.x, a1 * f.y);
+      }
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t rB[4];
+        ldmatrix_x4_trans(rB, s_z1t + (lane % 8 + ((lane / 8) % 2) * 8) * P + np * 16 + (lane / 16) * 8);
+        mma_16816<T>(gacc[2 * np], a, rB[0], rB[1]);
+        mma_16816<T>(gacc[2 * np + 1], a, rB[2], rB[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const int t0 = nt * 8 + 2 * t4;
+      s_gx[r0 * GP + t0] = gacc[nt][0];
+      s_gx[r0 * GP + t0 + 1] = gacc[nt][1];
+      s_gx[(r0 + 8) * GP + t0] = gacc[nt][2];
+      s_gx[(r0 + 8) * GP + t0 + 1] = gacc[nt][3];
     }
   };
   const std::true_type kLinT{};
   const std::false_type kQuadT{};
-  // One chunk's query / update for this CTA's role.
-  auto do_query = [&](int s) {
-    if (!linear) query(s, kQuadT);
-    else if (warp == 0) query(s, kLinT);
-    else lin_gx(s);
+  // Roles: 0 type A, 1 type B warp 0 (linear state), 2 type B warps 1.. (rows). Each role runs its
+  // own copy of the loops below, so the state registers are live only where they are used.
+  using RoleA = std::integral_constant<int, 0>;
+  using RoleLin = std::integral_constant<int, 1>;
+  using RoleRows = std::integral_constant<int, 2>;
+  // One chunk's query / update (with_state false: causal chunk 0).
+  auto do_query = [&](int s, bool with_state, auto role) {
+    constexpr int R = decltype(role)::value;
+    if constexpr (R == 0) query(s, kQuadT);
+    else if constexpr (R == 1) { if (with_state) query(s, kLinT); }
+    else lin_rows(s, with_state);
   };
-  auto do_update = [&](int s) {
-    if (!linear) update(s, kQuadT);
-    else if (warp == 0) update(s, kLinT);
+  auto do_update = [&](int s, auto role) {
+    constexpr int R = decltype(role)::value;
+    if constexpr (R == 0) update(s, kQuadT);
+    else if constexpr (R == 1) update(s, kLinT);
   };
 
   // Adds the chunk's partial sums (rows x0 ..) to global memory and clears s_out.
@@ -350,52 +464,66 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
     }
   };
 
-  if (p.causal) {
-    const int nc = p.lx / kC;
-    load(0, 0, 0);
-    for (int c = 0; c < nc; ++c) {
-      if (c + 1 < nc) {
-        load((c + 1) & 1, (c + 1) * kC, (c + 1) * kC);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-      const int s = c & 1;
-      if (c > 0) do_query(s);
-      if (linear) __syncthreads();  // s_z1t is read by lin_gx before warp 0 overwrites it
-      do_update(s);
-      __syncthreads();
-      if (c > 0) flush(c * kC);
+  auto main_loop = [&](auto role) {
+    if constexpr (decltype(role)::value != 2) {
+#pragma unroll
+      for (int mi = 0; mi < S::kMPW; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) z[mi][nt][k] = 0.f;
     }
-  } else {
-    const int ny = (p.ly + kC - 1) / kC, nx = (p.lx + kC - 1) / kC;
-    load(0, -1, 0);
-    for (int c = 0; c < ny; ++c) {
-      if (c + 1 < ny) {
-        load((c + 1) & 1, -1, (c + 1) * kC);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
+    if (p.causal) {
+      const int nc = p.lx / kC;
+      load(0, 0, 0);
+      for (int c = 0; c < nc; ++c) {
+        if (c + 1 < nc) {
+          load((c + 1) & 1, (c + 1) * kC, (c + 1) * kC);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int s = c & 1;
+        // Type A has nothing to add at chunk 0 (the state is empty); type B has the in-chunk part.
+        if (c > 0 || linear) do_query(s, c > 0, role);
+        if (linear) __syncthreads();  // s_z1t is read by lin_rows before warp 0 overwrites it
+        do_update(s, role);
+        __syncthreads();
+        if (c > 0 || linear) flush(c * kC);
       }
-      __syncthreads();
-      do_update(c & 1);
-      __syncthreads();
-    }
-    load(0, 0, -1);
-    for (int c = 0; c < nx; ++c) {
-      if (c + 1 < nx) {
-        load((c + 1) & 1, (c + 1) * kC, -1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
+    } else {
+      const int ny = (p.ly + kC - 1) / kC, nx = (p.lx + kC - 1) / kC;
+      load(0, -1, 0);
+      for (int c = 0; c < ny; ++c) {
+        if (c + 1 < ny) {
+          load((c + 1) & 1, -1, (c + 1) * kC);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();
+        do_update(c & 1, role);
+        __syncthreads();
       }
-      __syncthreads();
-      do_query(c & 1);
-      __syncthreads();
-      flush(c * kC);
+      load(0, 0, -1);
+      for (int c = 0; c < nx; ++c) {
+        if (c + 1 < nx) {
+          load((c + 1) & 1, (c + 1) * kC, -1);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();
+        do_query(c & 1, true, role);
+        __syncthreads();
+        flush(c * kC);
+      }
     }
-  }
+  };
+  if (!linear) main_loop(RoleA{});
+  else if (warp == 0) main_loop(RoleLin{});
+  else main_loop(RoleRows{});
 }
 
 template <int D>
