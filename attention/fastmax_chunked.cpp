@@ -110,7 +110,7 @@ at::Tensor feature_grad(const at::Tensor& u, const at::Tensor& x, const FastmaxC
 FastmaxScanResult scan_full(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w, const at::Tensor& g,
                             const FastmaxCoef& c, bool want_out, bool cuda) {
   if (cuda && fastmax_fused_scan_available(x))
-    return fastmax_fused_scan_cuda(x, y, w, g, c, false, want_out, at::Tensor(), at::Tensor());
+    return fastmax_fused_scan_cuda(x, y, w, g, c, false, want_out);
   const int64_t N = x.size(0), Lx = x.size(1), Ly = y.size(1), D = x.size(2), E = w.size(2);
   const int64_t F = fastmax_num_features(c.p, D);
   const at::ScalarType cd = x.scalar_type(), acc = acc_type(cd);
@@ -147,7 +147,7 @@ FastmaxScanResult scan_causal_aligned(const at::Tensor& x, const at::Tensor& y, 
   const at::ScalarType cd = x.scalar_type(), acc = acc_type(cd);
   // The fused kernel does the whole scan: moments on chip, in-chunk part in the kernel.
   if (cuda && C == kFusedChunk && fastmax_fused_scan_available(x))
-    return fastmax_fused_scan_cuda(x, y, w, g, c, true, want_out, at::Tensor(), at::Tensor());
+    return fastmax_fused_scan_cuda(x, y, w, g, c, true, want_out);
   const int64_t chunks_per_group = std::max<int64_t>(1, kWorkspaceElems / (N * C * std::max(F, C)));
   const at::TensorOptions ao = x.options().dtype(acc);
   const at::Tensor mask = at::ones({C, C}, x.options().dtype(at::kBool)).tril();

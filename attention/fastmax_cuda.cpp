@@ -114,8 +114,7 @@ bool fastmax_fused_scan_available(const at::Tensor& x) {
 }
 
 FastmaxScanResult fastmax_fused_scan_cuda(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w,
-                                          const at::Tensor& g, const FastmaxCoef& c, bool causal, bool want_out,
-                                          const at::Tensor& out_init, const at::Tensor& gx_init) {
+                                          const at::Tensor& g, const FastmaxCoef& c, bool causal, bool want_out) {
 #ifdef FLASHCOS_WITH_CUDA
   TORCH_CHECK(fastmax_fused_scan_available(x) && y.scalar_type() == at::kBFloat16 && y.size(2) == x.size(2),
               "fastmax: the fused scan needs bf16 x, y with head dim 16, 32 or 64; got ", x.scalar_type(), " ",
@@ -123,19 +122,18 @@ FastmaxScanResult fastmax_fused_scan_cuda(const at::Tensor& x, const at::Tensor&
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t N = x.size(0), Lx = x.size(1), Ly = y.size(1), D = x.size(2), E = w.size(2);
   const int64_t Ep = (E + 15) / 16 * 16;
-  auto padded = [&](const at::Tensor& t, int64_t rows, const at::Tensor& init) {
-    at::Tensor r = at::zeros({N, rows, Ep}, x.options().dtype(at::kFloat));
-    if (init.defined()) r.narrow(-1, 0, E).copy_(init);
+  // The kernel reads 16-column float32 slices (16-byte aligned rows): w, g, out padded to Ep columns.
+  const at::TensorOptions f32 = x.options().dtype(at::kFloat);
+  auto padded = [&](const at::Tensor& t) {
+    at::Tensor r = at::zeros({N, t.size(1), Ep}, f32);
+    r.narrow(-1, 0, E).copy_(t);
     return r;
   };
   at::Tensor xc = x.contiguous(), yc = y.contiguous();
-  at::Tensor wp = padded(w, Ly, w);
-  at::Tensor gp = g.defined() ? padded(g, Lx, g) : at::Tensor();
-  at::Tensor out = want_out ? padded(w, Lx, out_init) : at::Tensor();
-  at::Tensor gx;
-  if (g.defined()) {
-    gx = gx_init.defined() ? gx_init.to(at::kFloat).contiguous() : at::zeros({N, Lx, D}, x.options().dtype(at::kFloat));
-  }
+  at::Tensor wp = padded(w);
+  at::Tensor gp = g.defined() ? padded(g) : at::Tensor();
+  at::Tensor out = want_out ? at::zeros({N, Lx, Ep}, f32) : at::Tensor();
+  at::Tensor gx = g.defined() ? at::zeros({N, Lx, D}, f32) : at::Tensor();
   cuda::FastmaxScanParams p;
   p.x = xc.data_ptr();
   p.y = yc.data_ptr();

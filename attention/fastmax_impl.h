@@ -78,11 +78,9 @@ at::Tensor fastmax_feature_grad_cuda(const at::Tensor& u, const at::Tensor& x, c
 // D in {16, 32, 64}; false in a build without CUDA.
 bool fastmax_fused_scan_available(const at::Tensor& x);
 // fastmax_scan on the fused kernel: non-causal (all columns), or causal with Lx == Ly a multiple
-// of 64 (row i sees j <= i). The results are added to out_init / gx_init, float32 (N, Lx, E) /
-// (N, Lx, D), or to zeros when they are undefined (a float32 contiguous gx_init is updated in
-// place). w, g: any floating dtype. Returns float32 out / gx (undefined when not asked).
+// of 64 (row i sees j <= i). w, g: any floating dtype. Returns float32 out (N, Lx, E) / gx
+// (N, Lx, D), undefined when not asked for.
 FastmaxScanResult fastmax_fused_scan_cuda(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w,
-                                          const at::Tensor& g, const FastmaxCoef& c, bool causal, bool want_out,
-                                          const at::Tensor& out_init, const at::Tensor& gx_init);
+                                          const at::Tensor& g, const FastmaxCoef& c, bool causal, bool want_out);
 
 }  // namespace flashcos::detail

@@ -13,8 +13,10 @@
 //           gx += a1 g Z1^T as a small MMA of warps 1..4 on a bf16 copy of the tile in shared
 //           memory. Causal: warps 1..4 also add the exact in-chunk part, S = X Y^T per 16-row
 //           tile under the mask, out += f(S) W, gx += (f'(S) o G W^T) Y. p = 1 has type B CTAs only.
-// bf16 operands are exact for x, y; the float32 values U and Z2 are split into bf16 hi + lo
-// (two MMAs each), so products keep ~16 significant bits and the moments accumulate in float32.
+// bf16 operands are exact for x, y; the float32 values U and Z2 enter the MMAs rounded to bf16
+// (relative error ~2^-9 per term, the rounding the plain bf16 definition applies to f(q k^T)), and
+// the moments accumulate in float32. (Splitting them into bf16 hi + lo, two MMAs each, kept ~16
+// bits at ~1.2x the kernel time; it was not needed for the tests' 2x-of-plain bound.)
 // Partial sums of out (over m groups) and gx (over e slices, A and B) meet through float32 vector
 // atomics (red.global.add.v4.f32 on sm_90), one per thread per 64-token chunk.
 #include <cuda_bf16.h>
@@ -34,10 +36,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kEw = 16;             // columns e per CTA
 constexpr int kWPitch = kEw + 4;    // float pitch of the w / g / out tiles
-// false: U and Z2 enter the MMAs rounded to bf16 (one MMA each; relative error ~2^-9 per term, the
-// rounding the plain bf16 definition applies to f(q k^T)). true: split into bf16 hi + lo (two MMAs,
-// ~16 significant bits), about 1.6x the time.
-constexpr bool kHiLo = false;
 
 template <int D>
 struct ScanShape {
@@ -52,16 +50,21 @@ struct ScanShape {
   static_assert(kWarps > kC / 16, "type B needs warp 0 plus one warp per 16-row tile");
 };
 
-// a, b -> bf16x2 hi and the bf16x2 of the remainders.
-__device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  hi = pack2<T>(a, b);
-  const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
-  lo = pack2<T>(a - h.x, b - h.y);
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[i][k] = 0.f;
 }
 
-__device__ __forceinline__ void operand2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kHiLo) split2(a, b, hi, lo);
-  else hi = pack2<T>(a, b);
+// Two adjacent 16 x 8 accumulator tiles (columns k0 .. k0 + 15) as one bf16 A fragment with
+// k = those columns: the C -> A fragment identity of m16n8k16.
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
 }
 
 // One level of a warp reduce-scatter: lanes with bit O set keep the upper HALF of v, the others
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
         z0_lo += (w00 + w01) + (w02 + w03);
         z0_hi += (w10 + w11) + (w12 + w13);
       }
-      uint32_t ahi[kTiles][4], alo[kTiles][4];
+      uint32_t ua[kTiles][4];
 #pragma unroll
       for (int mi = 0; mi < kTiles; ++mi) {
         const int m = m_warp0 + mi;
@@ -166,10 +169,10 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
           y2 = bf(y[(j0 + 8) * P + m]);
           y3 = bf(y[(j0 + 9) * P + m]);
         }
-        operand2(y0 * w00, y1 * w01, ahi[mi][0], alo[mi][0]);
-        operand2(y0 * w10, y1 * w11, ahi[mi][1], alo[mi][1]);
-        operand2(y2 * w02, y3 * w03, ahi[mi][2], alo[mi][2]);
-        operand2(y2 * w12, y3 * w13, ahi[mi][3], alo[mi][3]);
+        ua[mi][0] = pack2<T>(y0 * w00, y1 * w01);
+        ua[mi][1] = pack2<T>(y0 * w10, y1 * w11);
+        ua[mi][2] = pack2<T>(y2 * w02, y3 * w03);
+        ua[mi][3] = pack2<T>(y2 * w12, y3 * w13);
       }
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
@@ -177,12 +180,8 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
         ldmatrix_x4_trans(rY, y + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * P + np * 16 + (lane / 16) * 8);
 #pragma unroll
         for (int mi = 0; mi < kTiles; ++mi) {
-          mma_16816<T>(z[mi][2 * np], ahi[mi], rY[0], rY[1]);
-          mma_16816<T>(z[mi][2 * np + 1], ahi[mi], rY[2], rY[3]);
-          if constexpr (kHiLo) {
-            mma_16816<T>(z[mi][2 * np], alo[mi], rY[0], rY[1]);
-            mma_16816<T>(z[mi][2 * np + 1], alo[mi], rY[2], rY[3]);
-          }
+          mma_16816<T>(z[mi][2 * np], ua[mi], rY[0], rY[1]);
+          mma_16816<T>(z[mi][2 * np + 1], ua[mi], rY[2], rY[3]);
         }
       }
     }
@@ -207,27 +206,17 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
     for (int mi = 0; mi < kTiles; ++mi) {
       const int m = m_warp0 + mi;
       float h[kC / 8][4];
-#pragma unroll
-      for (int nt = 0; nt < kC / 8; ++nt)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) h[nt][k] = 0.f;
+      zero(h);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ahi[4], alo[4];
-        operand2(z[mi][2 * kk][0], z[mi][2 * kk][1], ahi[0], alo[0]);
-        operand2(z[mi][2 * kk][2], z[mi][2 * kk][3], ahi[1], alo[1]);
-        operand2(z[mi][2 * kk + 1][0], z[mi][2 * kk + 1][1], ahi[2], alo[2]);
-        operand2(z[mi][2 * kk + 1][2], z[mi][2 * kk + 1][3], ahi[3], alo[3]);
+        uint32_t za[4];
+        acc_to_a(za, z[mi][2 * kk], z[mi][2 * kk + 1]);
 #pragma unroll
         for (int np = 0; np < kC / 16; ++np) {
           uint32_t rX[4];
           ldmatrix_x4(rX, x + (np * 16 + lane % 8 + (lane / 16) * 8) * P + kk * 16 + ((lane / 8) % 2) * 8);
-          mma_16816<T>(h[2 * np], ahi, rX[0], rX[1]);
-          mma_16816<T>(h[2 * np + 1], ahi, rX[2], rX[3]);
-          if constexpr (kHiLo) {
-            mma_16816<T>(h[2 * np], alo, rX[0], rX[1]);
-            mma_16816<T>(h[2 * np + 1], alo, rX[2], rX[3]);
-          }
+          mma_16816<T>(h[2 * np], za, rX[0], rX[1]);
+          mma_16816<T>(h[2 * np + 1], za, rX[2], rX[3]);
         }
       }
       if constexpr (kLin) {
@@ -307,10 +296,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
     }
     if (intra) {
       float sc[kC / 8][4];
-#pragma unroll
-      for (int nt = 0; nt < kC / 8; ++nt)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) sc[nt][k] = 0.f;
+      zero(sc);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t ra[4];
@@ -326,18 +312,20 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
       // P = f(S) under the mask as A fragments; sc becomes f'(S) under the mask.
       uint32_t pa[kC / 16][4];
 #pragma unroll
-      for (int nt = 0; nt < kC / 8; ++nt) {
-        float pv[4];
+      for (int np = 0; np < kC / 16; ++np) {
+        float pv[2][4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int i = r0 + (k / 2) * 8, j = nt * 8 + 2 * t4 + (k % 2);
-          const float sv = sc[nt][k];
-          const bool on = j <= i;
-          pv[k] = on ? a0 + sv * (a1 + a2 * sv) : 0.f;
-          sc[nt][k] = on ? a1 + 2.f * a2 * sv : 0.f;
-        }
-        pa[nt / 2][(nt % 2) * 2] = pack2<T>(pv[0], pv[1]);
-        pa[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(pv[2], pv[3]);
+        for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int nt = 2 * np + h2;
+            const int i = r0 + (k / 2) * 8, j = nt * 8 + 2 * t4 + (k % 2);
+            const float sv = sc[nt][k];
+            const bool on = j <= i;
+            pv[h2][k] = on ? a0 + sv * (a1 + a2 * sv) : 0.f;
+            sc[nt][k] = on ? a1 + 2.f * a2 * sv : 0.f;
+          }
+        acc_to_a(pa[np], pv[0], pv[1]);
       }
       if (want_out) {
         float o[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -361,10 +349,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
           atomicAdd(&s_out[(r0 + 8) * kWPitch + e + 1], o[et][3]);
         }
       }
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) gacc[nt][k] = 0.f;
+      zero(gacc);
       if (want_gx) {
         // dA = G W^T over this slice's e, then dS = f'(S) dA, gx += dS Y.
 #pragma unroll
@@ -380,10 +365,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
 #pragma unroll
         for (int kk = 0; kk < kC / 16; ++kk) {
           uint32_t da_frag[4];
-          da_frag[0] = pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
-          da_frag[1] = pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
-          da_frag[2] = pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-          da_frag[3] = pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+          acc_to_a(da_frag, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
           for (int np = 0; np < D / 16; ++np) {
             uint32_t rY[4];
@@ -395,12 +377,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
       }
     }
     if (!want_gx) return;
-    if (!intra) {
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) gacc[nt][k] = 0.f;
-    }
+    if (!intra) zero(gacc);
     if (with_state) {
       uint32_t a[4];
 #pragma unroll
@@ -467,11 +444,7 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
   auto main_loop = [&](auto role) {
     if constexpr (decltype(role)::value != 2) {
 #pragma unroll
-      for (int mi = 0; mi < S::kMPW; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) z[mi][nt][k] = 0.f;
+      for (int mi = 0; mi < S::kMPW; ++mi) zero(z[mi]);
     }
     if (p.causal) {
       const int nc = p.lx / kC;
@@ -529,8 +502,9 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
 template <int D>
 cudaError_t launch(const FastmaxScanParams& p, cudaStream_t stream) {
   using S = ScanShape<D>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      fastmax_scan_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmem));
+  // Per launch, as the cosine launchers do: the attribute belongs to the current device.
+  const cudaError_t attr =
+      cudaFuncSetAttribute(fastmax_scan_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmem));
   if (attr != cudaSuccess) return attr;
   const int per_e = (p.p == 2 ? S::kMSlices : 0) + 1;
   const dim3 grid(unsigned(p.ep / kEw * per_e), unsigned(p.n));
