@@ -9,6 +9,10 @@
 #include "attention/canonical.h"
 #include "attention/core.h"
 
+#ifdef FLASHCOS_WITH_CUDA
+#include "attention/cuda/params.h"
+#endif
+
 namespace flashcos {
 
 bool fused_kernels_compiled() {
@@ -16,6 +20,14 @@ bool fused_kernels_compiled() {
   return true;
 #else
   return false;
+#endif
+}
+
+int64_t hopper_kernel_launches() {
+#ifdef FLASHCOS_WITH_CUDA
+  return cuda::hopper_launches();
+#else
+  return 0;
 #endif
 }
 

@@ -78,6 +78,9 @@ at::Tensor rms_normalize(const at::Tensor& x, double out_scale = 1.0);
 
 /// True when this build has the fused CUDA kernels compiled in.
 bool fused_kernels_compiled();
+/// How many fused-kernel launches (forward or backward) went to the Hopper (wgmma) family in this
+/// process; 0 without it. Lets tests and benchmarks check which family ran.
+int64_t hopper_kernel_launches();
 
 std::string to_string(AttentionKind kind);
 std::string to_string(Backend backend);

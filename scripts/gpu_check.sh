@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [bench] [matrix] [converge] [fastmax] [tune]
+#   scripts/gpu_check.sh [build] [tests] [train] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -9,6 +9,9 @@
 # matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384.
 # fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
 # at seq 2048 with --attention fastmax beside the cosine (sdpa) model.
+# hopper: the CUDA attention grid once as built (the Hopper family where it applies) and once with
+# FLASHCOS_HOPPER=0 (the sm_80 kernels only), then bf16 d64 / d128 n8192 kernel timings of both
+# families beside SDPA flash / cuDNN.
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
 # TRAIN_STEPS (default 40) steps per throughput run; CONVERGE_STEPS (default 500) for `converge`.
 set -uo pipefail
@@ -123,6 +126,25 @@ if has tune; then
     row "tune v$v TFLOP/s d64 fwd,bwd,both; d128" "$res"
   done
   unset FLASHCOS_FWD_VARIANT FLASHCOS_BWD_VARIANT
+fi
+
+if has hopper; then
+  for fam in hopper sm80; do
+    env_fam=1; [ $fam = sm80 ] && env_fam=0
+    FLASHCOS_HOPPER=$env_fam "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*' \
+        > "$LOG/grid_$fam.log" 2>&1
+    row "grid FLASHCOS_HOPPER=$env_fam" "rc $?: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$LOG/grid_$fam.log" | grep -v '\.' | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$LOG/grid_$fam.log" | sed -E 's/, where GetParam.*//' | sort -u | head -20
+  done
+  for c in "" "--causal"; do
+    "$TRAIN" bench $c --impls fused,sdpa-flash,sdpa-cudnn --dtype "${HOPPER_DTYPES:-bf16}" --dim-head 64,128 \
+        --seq-lens "${HOPPER_SEQ:-8192}" --batch 4 --heads 8 > "$LOG/hopper_bench${c}.log" 2>&1
+    row "bench ${c:-full} (hopper family)" "rc $?"
+    FLASHCOS_HOPPER=0 "$TRAIN" bench $c --impls fused --dtype "${HOPPER_DTYPES:-bf16}" --dim-head 64,128 \
+        --seq-lens "${HOPPER_SEQ:-8192}" --batch 4 --heads 8 > "$LOG/sm80_bench${c}.log" 2>&1
+    echo "== bench ${c:-full}: hopper family, then FLASHCOS_HOPPER=0"; grep -E '^(bfloat16|float16)|^ +[0-9]+ ' "$LOG/hopper_bench${c}.log" | sed -E 's/ +batch: [0-9]+ +heads: [0-9]+ +/ /; s/ +kernel:.*//'
+    grep -E '^(bfloat16|float16)|^ +[0-9]+ ' "$LOG/sm80_bench${c}.log" | sed -E 's/ +batch: [0-9]+ +heads: [0-9]+ +/ /; s/ +kernel:.*//'
+  done
 fi
 
 if has bench; then

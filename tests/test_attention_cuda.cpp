@@ -17,6 +17,7 @@
 #include "tests/attention_test_util.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -70,6 +71,15 @@ std::vector<Case> all_cases() {
     C("d128_groups2_causal",         1, 2, 2, 127, 127, 128).groups(2).causal(),
     C("d128_exp_causal_mask_bias",   2, 2, 2, 1000, 1000, 128).exp_kind().scale(1.5).causal().mask().bias_head(),
     C("d32_exp_mq",                  2, 3, 1, 63, 2049, 32).exp_kind().scale(0.7).mq().causal(),
+    // No mask, no bias, d 64 / 128: the Hopper family on an H100 (attention/cuda/launch.cu); the
+    // suite runs a second time with FLASHCOS_HOPPER=0 for the sm_80 kernels (scripts/gpu_check.sh).
+    C("d64_grouped_1000x2049",       1, 4, 2, 1000, 2049, 64),
+    C("d64_causal_i_gt_j_1000x127",  1, 2, 2, 1000, 127, 64).causal(),  // 873 rows see nothing
+    C("d128_causal_2049",            1, 2, 2, 2049, 2049, 128).causal(),
+    C("d128_cross_257x1000",         2, 2, 2, 257, 1000, 128),
+    C("d128_causal_i_lt_j_63x1000",  1, 2, 2, 63, 1000, 128).causal(),
+    C("d128_len1",                   2, 2, 2, 1, 1, 128),
+    C("d128_mq_exp_causal",          2, 4, 1, 300, 700, 128).mq().exp_kind().scale(1.2).causal(),
   };
 }
 // clang-format on
@@ -189,6 +199,17 @@ at::Tensor row_has_keys(const Case& c, const Inputs& in) {
   return allowed.any(-1).view({-1, 1, c.I}).expand({allowed.size(0) == 1 ? c.B : allowed.size(0), heads, c.I});
 }
 
+// The build has the Hopper family, the device is compute capability 9.0 and FLASHCOS_HOPPER is not 0.
+bool hopper_family_expected() {
+#ifdef FLASHCOS_HAS_HOPPER
+  const auto prop = at::cuda::getCurrentDeviceProperties();
+  const char* env = std::getenv("FLASHCOS_HOPPER");
+  return prop->major == 9 && prop->minor == 0 && (env == nullptr || env[0] != '0');
+#else
+  return false;
+#endif
+}
+
 class FusedAttention : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
@@ -203,8 +224,20 @@ TEST_P(FusedAttention, MatchesFloat64Reference) {
   at::manual_seed(int64_t(name_seed(c.name)));
   const Inputs in = rounded(make_inputs(c), prm.dtype);
   const Outputs ref = run_api(c, in, /*fused=*/false, at::kDouble);
+  const int64_t hopper_before = flashcos::hopper_kernel_launches();
   const Outputs run = run_api(c, in, /*fused=*/true, prm.dtype);
+  const int64_t hopper_runs = flashcos::hopper_kernel_launches() - hopper_before;
   ASSERT_TRUE(run.dq.defined() && run.dk.defined() && run.dv.defined()) << "no gradient reached q/k/v";
+  // Which family ran: on a compute capability 9.0 device the Hopper kernels take every 16-bit
+  // d 64 / 128 case without mask or bias (the backward always; the forward unless the scale needs
+  // the online-max variant), unless FLASHCOS_HOPPER=0; nothing else reaches them.
+  const bool hopper_case = (prm.dtype == at::kBFloat16 || prm.dtype == at::kHalf) && (c.D == 64 || c.D == 128) &&
+                           c.mask == MaskMode::kNone && c.bias == BiasMode::kNone;
+  if (hopper_case && hopper_family_expected()) {
+    EXPECT_GE(hopper_runs, 1) << "the Hopper kernels did not run";
+  } else {
+    EXPECT_EQ(hopper_runs, 0) << "the Hopper kernels ran where they do not apply";
+  }
   if (in.bias.defined()) {
     ASSERT_TRUE(run.dbias.defined()) << "no gradient reached attn_bias";
   }

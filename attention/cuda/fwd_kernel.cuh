@@ -340,10 +340,7 @@ template <typename T, int D, int V>
 cudaError_t launch_fwd_tile(const FwdParams& p, cudaStream_t stream) {
   using Tile = FwdTile<D, V>;
   const size_t smem = Tile::smem_bytes(sizeof(T));
-  // Binades spanned by exp(scale (cos - 1)); see the header comment for the two limits.
-  const float span_log2 = 2.f * p.scale * kLog2e;
-  const bool online = !p.exp_kind && (std::is_same_v<T, __half> ? (p.bias != nullptr || span_log2 > 29.f)
-                                                                 : span_log2 > 100.f);
+  const bool online = fwd_needs_online(p, std::is_same_v<T, __half>);
   auto kernel = online ? fwd_kernel<T, D, V, true> : fwd_kernel<T, D, V, false>;
   if (smem > 48 * 1024) {
     const cudaError_t err =

@@ -1,20 +1,62 @@
 // The launchers: pick the kernel family for the inputs and the device, then the template
-// instance for (dtype, head dim). Today there are two families: the sm_80+ mma.sync kernels for
-// fp16 / bf16 and the SIMT kernels for fp32 / fp64. A Hopper (wgmma / TMA) family slots in as a
-// third case of pick_family() without touching the callers.
+// instance for (dtype, head dim). Families:
+//   * Hopper (attention/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, d 64 / 128, no key mask, no
+//     bias, scales inside the fixed-offset range of the forward; used on compute capability 9.0
+//     devices when the build has it (FLASHCOS_HAS_HOPPER) and FLASHCOS_HOPPER is not "0".
+//   * sm_80+ mma.sync kernels for every other fp16 / bf16 case;
+//   * SIMT kernels for fp32 / fp64.
+#include <atomic>
+#include <cstdlib>
+#include <type_traits>
+
 #include "attention/cuda/launch_templates.h"
 #include "attention/cuda/static_switch.h"
 
 namespace flashcos::cuda {
 namespace {
 
-enum class Family { kSm80Mma, kSimt };
+enum class Family { kHopper, kSm80Mma, kSimt };
 
-Family pick_family(DType dtype) {
-  return dtype == DType::kHalf || dtype == DType::kBFloat16 ? Family::kSm80Mma : Family::kSimt;
+std::atomic<int64_t> g_hopper_launches{0};
+
+bool is_16bit(DType dtype) { return dtype == DType::kHalf || dtype == DType::kBFloat16; }
+
+// FLASHCOS_HOPPER=0 turns the Hopper family off (read once per process): for comparisons and for
+// running the sm_80 kernels' tests on a Hopper machine.
+bool hopper_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER");
+    return env == nullptr || env[0] != '0';
+  }();
+  return enabled;
+}
+
+bool hopper_device() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+bool hopper_covers(const CommonParams& p) {
+#ifdef FLASHCOS_HAS_HOPPER
+  return is_16bit(p.dtype) && (p.D == 64 || p.D == 128) && p.mask == nullptr && p.bias == nullptr &&
+         hopper_enabled() && hopper_device();
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+Family pick_family(const CommonParams& p, bool hopper_ok) {
+  if (!is_16bit(p.dtype)) return Family::kSimt;
+  return hopper_ok && hopper_covers(p) ? Family::kHopper : Family::kSm80Mma;
 }
 
 }  // namespace
+
+int64_t hopper_launches() { return g_hopper_launches.load(); }
 
 bool supports_head_dim(int d) {
   return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
@@ -23,27 +65,45 @@ bool supports_head_dim(int d) {
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (!supports_head_dim(p.D)) return cudaErrorInvalidValue;
   if (p.B == 0 || p.H == 0 || p.I == 0) return cudaSuccess;
-  if (pick_family(p.dtype) == Family::kSm80Mma) {
-    return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
-      return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_fwd<T, kD>(p, stream); });
-    });
+  switch (pick_family(p, !fwd_needs_online(p, p.dtype == DType::kHalf))) {
+#ifdef FLASHCOS_HAS_HOPPER
+    case Family::kHopper:
+      ++g_hopper_launches;
+      return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
+        return p.D == 64 ? launch_fwd_hopper<T, 64>(p, stream) : launch_fwd_hopper<T, 128>(p, stream);
+      });
+#endif
+    case Family::kSm80Mma:
+      return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
+        return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_fwd<T, kD>(p, stream); });
+      });
+    default:
+      return FLASHCOS_FLOAT_SWITCH(p.dtype, T, [&] {
+        return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_simt_fwd<T, kD>(p, stream); });
+      });
   }
-  return FLASHCOS_FLOAT_SWITCH(p.dtype, T, [&] {
-    return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_simt_fwd<T, kD>(p, stream); });
-  });
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!supports_head_dim(p.D)) return cudaErrorInvalidValue;
   if (p.B == 0 || p.H == 0 || p.I == 0 || p.J == 0) return cudaSuccess;
-  if (pick_family(p.dtype) == Family::kSm80Mma) {
-    return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
-      return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_bwd<T, kD>(p, stream); });
-    });
+  switch (pick_family(p, true)) {
+#ifdef FLASHCOS_HAS_HOPPER
+    case Family::kHopper:
+      ++g_hopper_launches;
+      return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
+        return p.D == 64 ? launch_bwd_hopper<T, 64>(p, stream) : launch_bwd_hopper<T, 128>(p, stream);
+      });
+#endif
+    case Family::kSm80Mma:
+      return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
+        return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_bwd<T, kD>(p, stream); });
+      });
+    default:
+      return FLASHCOS_FLOAT_SWITCH(p.dtype, T, [&] {
+        return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_simt_bwd<T, kD>(p, stream); });
+      });
   }
-  return FLASHCOS_FLOAT_SWITCH(p.dtype, T, [&] {
-    return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_simt_bwd<T, kD>(p, stream); });
-  });
 }
 
 }  // namespace flashcos::cuda

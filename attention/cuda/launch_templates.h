@@ -14,6 +14,11 @@ template <typename T, int D>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);  // fwd_kernel.cuh
 template <typename T, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);  // bwd_kernel.cuh
+// Hopper family (attention/cuda/hopper/), d 64 / 128 only, built where FLASHCOS_HAS_HOPPER is set.
+template <typename T, int D>
+cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream);  // hopper/fwd_hopper.cuh
+template <typename T, int D>
+cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream);  // hopper/bwd_hopper.cuh
 template <typename T, int D>
 cudaError_t launch_simt_fwd(const FwdParams& p, cudaStream_t stream);  // simt_kernels.cuh
 template <typename T, int D>

@@ -72,10 +72,19 @@ struct BwdParams : CommonParams {
   void* dbias_accum = nullptr;
 };
 
+// Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the
+// two limits): fp16 with a bias or past scale 10.05, bf16 past scale 34; never for the exp kind.
+inline bool fwd_needs_online(const CommonParams& p, bool is_half) {
+  const float span_log2 = 2.f * p.scale * 1.4426950408889634f;  // binades of exp(scale (cos - 1))
+  return !p.exp_kind && (is_half ? (p.bias != nullptr || span_log2 > 29.f) : span_log2 > 100.f);
+}
+
 // The launchers (attention/cuda/launch.cu). They pick the kernel family for the device
 // (today: the sm_80 mma.sync family for 16-bit inputs, SIMT for fp32/fp64) and return the first
 // CUDA error, for the caller to check.
 bool supports_head_dim(int d);
+// Launches (forward or backward) that went to the Hopper family so far in this process.
+int64_t hopper_launches();
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 

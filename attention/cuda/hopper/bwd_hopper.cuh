@@ -1,0 +1,259 @@
+// Backward of cosine-sim attention on Hopper warpgroup MMAs (wgmma, sm_90a), fp16 / bf16, d 64 / 128.
+//
+// Same math and scratch as bwd_kernel.cuh (read its header first); no key mask, no bias (launch.cu
+// sends those to the sm_80 kernels). One CTA owns kBN = 128 keys of one (b, kv head) and loops
+// over every query head of the group and every block of kBM = 64 query rows; Q, dO, c_i and D_i
+// are double-buffered by cp.async. Warpgroup w owns keys 64w .. 64w + 63 and, per step:
+//   S^T = K_w Q^T, dP^T = V_w dO^T      wgmma, A (K-major) and B (K-major) from shared memory
+//   P^T, dS^T = P^T (dP^T - D)           in registers; dS^T also to shared memory (swizzled)
+//   dV += P^T dO, dK += dS^T Q           wgmma, A from registers, B = dO / Q N-major
+//   dQ[:, half w] = dS K                 wgmma, A = dS (M-major, the dS^T tile), B = K N-major
+// dK, dV stay in registers for the whole loop (no atomics for grouped heads); dQ is added to the
+// zeroed fp32 buffer with vector atomics (scale folded in).
+#pragma once
+
+#include "attention/cuda/bwd_kernel.cuh"
+#include "attention/cuda/hopper/common.cuh"
+#include "attention/cuda/hopper/wgmma_gen.cuh"
+
+namespace flashcos::cuda::hopper {
+
+template <int D>
+struct BwdHopperTile {
+  static_assert(D == 64 || D == 128, "the Hopper backward covers head dims 64 and 128");
+  static constexpr int kBN = 128;  // keys per CTA, 64 per warpgroup
+  static constexpr int kBM = 64;   // query rows per step
+  static constexpr int kThreads = 256;
+  static constexpr int kMinBlocks = 1;
+  static constexpr int kKBytes = kBN * D * 2;
+  static constexpr int kQBytes = kBM * D * 2;
+  static constexpr int kSBytes = kBN * kBM * 2;  // dS^T (keys x rows), one 128-byte row per key
+  static constexpr size_t kSmem =
+      size_t(2) * kKBytes + 4 * size_t(kQBytes) + kSBytes + 4 * kBM * sizeof(float) + kSw128Atom;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdHopperTile<D>::kThreads, BwdHopperTile<D>::kMinBlocks)
+    bwd_hopper_kernel(const BwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = BwdHopperTile<D>;
+  constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kThreads = Tile::kThreads;
+  constexpr int kKT = D / 16;    // k-steps over the head dim
+  constexpr int kMT = kBM / 16;  // k-steps over the query rows
+  constexpr int kNT = kBN / 16;  // k-steps over the keys (dQ)
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + kSw128Atom - 1) & ~uint32_t(kSw128Atom - 1)) - raw_addr);
+  unsigned char* sK = smem;
+  unsigned char* sV = sK + Tile::kKBytes;
+  unsigned char* sQ = sV + Tile::kKBytes;      // 2 stages
+  unsigned char* sdO = sQ + 2 * Tile::kQBytes;  // 2 stages
+  unsigned char* sdS = sdO + 2 * Tile::kQBytes;
+  float* sRowC = reinterpret_cast<float*>(sdS + Tile::kSBytes);  // (2, kBM)
+  float* sDelta = sRowC + 2 * kBM;                                // (2, kBM)
+  const uint32_t aK = smem_addr(sK), aV = smem_addr(sV), aQ = smem_addr(sQ), adO = smem_addr(sdO);
+  const uint32_t adS = smem_addr(sdS);
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n_block = blockIdx.x;
+  const int hkv = blockIdx.y, b = blockIdx.z;
+  const int group = p.H / p.Hkv;
+  const int I = p.I, J = p.J, H = p.H;
+  const int diag = J - I;
+  const int n0 = n_block * kBN;
+  const int wg_key0 = n0 + wg * 64;
+  const int key_local0 = wg * 64 + warp * 16 + g;  // this thread's keys: + 0, + 8 (in the CTA)
+
+  const T* gK = static_cast<const T*>(p.k) + b * p.k_b_stride + hkv * p.k_h_stride;
+  const T* gV = static_cast<const T*>(p.v) + b * p.v_b_stride + hkv * p.v_h_stride;
+
+  const int m_blocks = (I + kBM - 1) / kBM;
+  const int m_start = p.causal ? max(0, n0 - diag) / kBM : 0;
+  const int per_head = max(0, m_blocks - m_start);
+  const int n_iters = group * per_head;
+
+  const float scale_log2 = p.scale * kLog2e;
+  const float* gRowC = static_cast<const float*>(p.row_offset);
+  const float* gDelta = static_cast<const float*>(p.delta);
+
+  auto load_step = [&](int it, int stage) {
+    const int h = hkv * group + it / per_head;
+    const int m0 = (m_start + it % per_head) * kBM;
+    const T* gQ = static_cast<const T*>(p.q) + b * p.q_b_stride + h * p.q_h_stride;
+    const T* gdO = static_cast<const T*>(p.dout) + b * p.do_b_stride + h * p.do_h_stride;
+    load_tile_sw128<kBM, D, kThreads>(sQ + stage * Tile::kQBytes, gQ + int64_t(m0) * p.q_i_stride, p.q_i_stride,
+                                      I - m0, gQ, tid);
+    load_tile_sw128<kBM, D, kThreads>(sdO + stage * Tile::kQBytes, gdO + int64_t(m0) * p.do_i_stride,
+                                      p.do_i_stride, I - m0, gdO, tid);
+    if (tid < kBM) {
+      const int r = m0 + tid;
+      const int64_t row = (int64_t(b) * H + h) * I + min(r, I - 1);
+      if (r < I) {
+        cp_async_4(sRowC + stage * kBM + tid, gRowC + row, true);
+      } else {
+        sRowC[stage * kBM + tid] = -INFINITY;
+      }
+      cp_async_4(sDelta + stage * kBM + tid, gDelta + row, r < I);
+    }
+  };
+
+  load_tile_sw128<kBN, D, kThreads>(sK, gK + int64_t(n0) * p.k_j_stride, p.k_j_stride, J - n0, gK, tid);
+  load_tile_sw128<kBN, D, kThreads>(sV, gV + int64_t(n0) * p.v_j_stride, p.v_j_stride, J - n0, gV, tid);
+  if (n_iters > 0) load_step(0, 0);
+  cp_async_commit();
+
+  float rdK[D / 2], rdV[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) rdK[i] = rdV[i] = 0.f;
+
+  for (int it = 0; it < n_iters; ++it) {
+    const int stage = it & 1;
+    const int h = hkv * group + it / per_head;
+    const int m0 = (m_start + it % per_head) * kBM;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // step it landed; both warpgroups are done with step it - 1 (dS^T included)
+    if (it + 1 < n_iters) {
+      load_step(it + 1, stage ^ 1);
+      cp_async_commit();
+    }
+    const uint32_t aQs = aQ + stage * Tile::kQBytes, adOs = adO + stage * Tile::kQBytes;
+    const float* sRowCs = sRowC + stage * kBM;
+    const float* sDeltas = sDelta + stage * kBM;
+
+    // S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBM rows per warpgroup)
+    float rS[kBM / 2], rdP[kBM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
+      const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
+      Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
+                                       make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
+      Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
+                                       make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(rS);
+    fence_regs(rdP);
+
+    // P^T, dS^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2).
+    const bool elementwise = wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
+#pragma unroll
+    for (int i = 0; i < kBM / 2; ++i) {
+      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
+      const float x = fmaf(rS[i], scale_log2, sRowCs[rl]);
+      bool ok = true;
+      if (elementwise) {
+        const int c = n0 + key_local0 + 8 * ((i / 2) % 2);
+        ok = c < J && (!p.causal || c <= m0 + rl + diag);
+      }
+      const float pe = ok ? fast_exp2(x) : 0.f;
+      rS[i] = pe;
+      rdP[i] = pe * (rdP[i] - sDeltas[rl]);
+    }
+    uint32_t rPf[kMT][4], rdSf[kMT][4];
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk) {
+      acc_to_frag<T>(rPf[kk], rS, kk);
+      acc_to_frag<T>(rdSf[kk], rdP, kk);
+    }
+    // dS^T -> shared memory: key row kr, query rows 16kk + 2t (+ 8), swizzled 16-byte chunks.
+#pragma unroll
+    for (int e0 = 0; e0 < 2; ++e0) {
+      const int kr = key_local0 + 8 * e0;
+      unsigned char* row = sdS + kr * kSw128Row + 4 * t;
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk) {
+        *reinterpret_cast<uint32_t*>(row + (((2 * kk) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
+        *reinterpret_cast<uint32_t*>(row + (((2 * kk + 1) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q (k = the kBM query rows; dO, Q N-major)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk)
+      Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                  1);
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk)
+      Wgmma<T, D>::template rs<1>(rdK, rdSf[kk], make_desc(aQs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                  1);
+    wgmma_commit();
+    fence_proxy_async();
+    __syncthreads();  // dS^T complete
+
+    // dQ[:, wg half] = dS K: A = dS (rows M-major in the dS^T tile), B = K (N-major).
+    float rdQ[D / 4];
+    wgmma_fence();
+    const uint32_t k_half = D == 64 ? wg * 64 : wg * kBN * kSw128Row;
+#pragma unroll
+    for (int kk = 0; kk < kNT; ++kk)
+      Wgmma<T, D / 2>::template ss<1, 1>(rdQ, make_desc(adS + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
+                                         make_desc(aK + k_half + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
+                                         kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(rdQ);
+    fence_regs(rdV);
+    fence_regs(rdK);
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rPf[kk][e]), "+r"(rdSf[kk][e])::"memory");
+
+    float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+#pragma unroll
+    for (int e0 = 0; e0 < 2; ++e0) {
+      const int r = m0 + warp * 16 + g + 8 * e0;
+      if (r >= I) continue;
+#pragma unroll
+      for (int i = 0; i < D / 16; ++i)
+        atomic_add2(gdQ + int64_t(r) * D + wg * (D / 2) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
+                    rdQ[4 * i + 2 * e0 + 1] * p.scale);
+    }
+  }
+
+  // dK = scale dS^T Q, dV: (B, Hkv, J, D) contiguous.
+  const int64_t kv_base = (int64_t(b) * p.Hkv + hkv) * J;
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    const int c = n0 + key_local0 + 8 * e0;
+    if (c >= J) continue;
+    T* gdK = static_cast<T*>(p.dk) + (kv_base + c) * D;
+    T* gdV = static_cast<T*>(p.dv) + (kv_base + c) * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
+          pack2<T>(rdK[4 * dt + 2 * e0] * p.scale, rdK[4 * dt + 2 * e0 + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);
+    }
+  }
+#endif
+}
+
+}  // namespace flashcos::cuda::hopper
+
+namespace flashcos::cuda {
+
+template <typename T, int D>
+cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
+  {
+    const cudaError_t err = launch_delta<T, float>(p, stream);
+    if (err != cudaSuccess) return err;
+  }
+  using Tile = hopper::BwdHopperTile<D>;
+  auto kernel = hopper::bwd_hopper_kernel<T, D>;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
+  kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashcos::cuda

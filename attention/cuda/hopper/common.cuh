@@ -1,0 +1,101 @@
+// Shared pieces of the Hopper (sm_90a) kernel family: 128-byte-swizzled shared-memory tiles,
+// wgmma matrix descriptors, and the fences a warpgroup MMA needs.
+//
+// Tile layout ("SW128"): a (ROWS x D) tile of 16-bit elements, D a multiple of 64, is stored as
+// D / 64 column blocks of ROWS rows x 128 bytes; inside a block, row r's 16-byte chunk c (elements
+// 8c .. 8c + 7) sits at r * 128 + ((c ^ (r % 8)) * 16). Eight rows form a 1024-byte swizzle atom,
+// so every tile base is 1024-byte aligned. The same bytes serve as
+//   * a K-major operand (rows = M or N, the D columns = K): start at the block of the k-step,
+//     + 32 bytes per 16 columns inside it; stride between 8-row groups (SBO) 1024 bytes;
+//   * an MN-major operand (the D columns = M or N, rows = K): start at 16 rows (2048 bytes) per
+//     k-step; SBO 1024 bytes (the next 8 rows), LBO the block stride ROWS * 128 bytes (the next
+//     64 columns of M / N).
+// The hardware applies the XOR on the final address bits, which is why offsets inside an atom
+// (the 32-byte k-steps, a 64-byte half of a row) work with the same descriptor fields.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/cuda/mma.cuh"
+
+namespace flashcos::cuda::hopper {
+
+constexpr int kSw128Row = 128;   // bytes per swizzled row
+constexpr int kSw128Atom = 1024; // bytes per 8-row swizzle atom
+
+// Byte offset of element (r, c) in a SW128 tile of `rows` rows.
+__device__ __forceinline__ int sw128_offset(int rows, int r, int c) {
+  return (c / 64) * rows * kSw128Row + r * kSw128Row + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
+}
+
+// wgmma shared-memory descriptor with 128-byte swizzle.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t desc = 0;
+  desc |= uint64_t((smem_byte_addr & 0x3FFFF) >> 4);
+  desc |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
+  desc |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
+  desc |= uint64_t(1) << 62;  // 128-byte swizzle
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Generic-proxy shared-memory writes (cp.async, st.shared) made visible to the async proxy
+// (wgmma operand reads); each writing thread fences, then the CTA synchronises.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving register reads / writes of an accumulator across the
+// asynchronous wgmma that owns it (between issue and wait).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Copies a (ROWS x D) tile of 16-bit elements (row pitch g_stride elements) into a SW128 tile;
+// rows >= valid_rows are zero-filled (their source address is replaced by g_safe).
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_tile_sw128(unsigned char* s_tile, const T* g_tile, int64_t g_stride,
+                                                int valid_rows, const T* g_safe, int tid) {
+  constexpr int kChunksPerRow = D / 8;
+  constexpr int kChunks = ROWS * kChunksPerRow;
+#pragma unroll
+  for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
+    const int c = tid + i * THREADS;
+    if (kChunks % THREADS != 0 && c >= kChunks) break;
+    const int row = c / kChunksPerRow;
+    const int ch = c % kChunksPerRow;
+    const bool valid = row < valid_rows;
+    const T* src = valid ? g_tile + row * g_stride + ch * 8 : g_safe;
+    cp_async_16(s_tile + (ch / 8) * ROWS * kSw128Row + row * kSw128Row + (((ch % 8) ^ (row % 8)) * 16), src,
+                valid);
+  }
+}
+
+// Accumulator pairs -> one A fragment (k-step kk covers accumulator n8 blocks 2kk, 2kk + 1).
+template <typename T, int R>
+__device__ __forceinline__ void acc_to_frag(uint32_t (&a)[4], const float (&acc)[R], int kk) {
+  a[0] = pack2<T>(acc[8 * kk + 0], acc[8 * kk + 1]);
+  a[1] = pack2<T>(acc[8 * kk + 2], acc[8 * kk + 3]);
+  a[2] = pack2<T>(acc[8 * kk + 4], acc[8 * kk + 5]);
+  a[3] = pack2<T>(acc[8 * kk + 6], acc[8 * kk + 7]);
+}
+
+}  // namespace flashcos::cuda::hopper
