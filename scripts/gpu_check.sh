@@ -10,8 +10,9 @@
 # fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
 # at seq 2048 with --attention fastmax beside the cosine (sdpa) model.
 # hopper: the CUDA attention grid once as built (the Hopper family where it applies) and once with
-# FLASHCOS_HOPPER=0 (the sm_80 kernels only), then bf16 d64 / d128 n8192 kernel timings of both
-# families beside SDPA flash / cuDNN.
+# FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
+# bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
+# kernels' timings.
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
 # TRAIN_STEPS (default 40) steps per throughput run; CONVERGE_STEPS (default 500) for `converge`.
 set -uo pipefail
@@ -140,10 +141,14 @@ if has hopper; then
     "$TRAIN" bench $c --impls fused,sdpa-flash,sdpa-cudnn --dtype "${HOPPER_DTYPES:-bf16}" --dim-head 64,128 \
         --seq-lens "${HOPPER_SEQ:-8192}" --batch 4 --heads 8 > "$LOG/hopper_bench${c}.log" 2>&1
     row "bench ${c:-full} (hopper family)" "rc $?"
-    FLASHCOS_HOPPER=0 "$TRAIN" bench $c --impls fused --dtype "${HOPPER_DTYPES:-bf16}" --dim-head 64,128 \
-        --seq-lens "${HOPPER_SEQ:-8192}" --batch 4 --heads 8 > "$LOG/sm80_bench${c}.log" 2>&1
-    echo "== bench ${c:-full}: hopper family, then FLASHCOS_HOPPER=0"; grep -E '^(bfloat16|float16)|^ +[0-9]+ ' "$LOG/hopper_bench${c}.log" | sed -E 's/ +batch: [0-9]+ +heads: [0-9]+ +/ /; s/ +kernel:.*//'
-    grep -E '^(bfloat16|float16)|^ +[0-9]+ ' "$LOG/sm80_bench${c}.log" | sed -E 's/ +batch: [0-9]+ +heads: [0-9]+ +/ /; s/ +kernel:.*//'
+    echo "== bench ${c:-full}: hopper family"
+    grep -E '^(bfloat16|float16)|^ +[0-9]+ ' "$LOG/hopper_bench${c}.log" | sed -E 's/ +batch: [0-9]+ +heads: [0-9]+ +/ /; s/ +kernel:.*//'
+    if [ "${HOPPER_SM80_BENCH:-0}" = 1 ]; then
+      FLASHCOS_HOPPER=0 "$TRAIN" bench $c --impls fused --dtype "${HOPPER_DTYPES:-bf16}" --dim-head 64,128 \
+          --seq-lens "${HOPPER_SEQ:-8192}" --batch 4 --heads 8 > "$LOG/sm80_bench${c}.log" 2>&1
+      echo "== bench ${c:-full}: FLASHCOS_HOPPER=0"
+      grep -E '^(bfloat16|float16)|^ +[0-9]+ ' "$LOG/sm80_bench${c}.log" | sed -E 's/ +batch: [0-9]+ +heads: [0-9]+ +/ /; s/ +kernel:.*//'
+    fi
   done
 fi
 

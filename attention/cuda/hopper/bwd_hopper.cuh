@@ -1,7 +1,7 @@
 // Backward of cosine-sim attention on Hopper warpgroup MMAs (wgmma, sm_90a), fp16 / bf16, d 64 / 128.
 //
 // Same math and scratch as bwd_kernel.cuh (read its header first); no key mask, no bias (launch.cu
-// sends those to the sm_80 kernels). One CTA owns kBN = 128 keys of one (b, kv head) and loops
+// sends those to the sm_80 kernels). One CTA owns kBN = 64 kWG keys of one (b, kv head) and loops
 // over every query head of the group and every block of kBM = 64 query rows; Q, dO, c_i and D_i
 // are double-buffered by cp.async. Warpgroup w owns keys 64w .. 64w + 63 and, per step:
 //   S^T = K_w Q^T, dP^T = V_w dO^T      wgmma, A (K-major) and B (K-major) from shared memory
@@ -12,19 +12,27 @@
 // zeroed fp32 buffer with vector atomics (scale folded in).
 #pragma once
 
+#include <cstdlib>
+#include <type_traits>
+
 #include "attention/cuda/bwd_kernel.cuh"
 #include "attention/cuda/hopper/common.cuh"
 #include "attention/cuda/hopper/wgmma_gen.cuh"
 
 namespace flashcos::cuda::hopper {
 
-template <int D>
+// kWG warpgroups of 64 keys per CTA: 2 share each Q / dO tile and split dQ's columns; 1 computes
+// dQ over its own 64 keys and leaves room for 2 CTAs per SM (independent CTAs overlap one's
+// exponentials with the other's MMAs, where the warpgroups of one CTA run in step).
+template <int D, int kWG>
 struct BwdHopperTile {
   static_assert(D == 64 || D == 128, "the Hopper backward covers head dims 64 and 128");
-  static constexpr int kBN = 128;  // keys per CTA, 64 per warpgroup
-  static constexpr int kBM = 64;   // query rows per step
-  static constexpr int kThreads = 256;
-  static constexpr int kMinBlocks = 1;
+  static_assert(kWG == 1 || kWG == 2, "1 or 2 warpgroups");
+  static constexpr int kBN = 64 * kWG;  // keys per CTA
+  static constexpr int kBM = 64;        // query rows per step
+  static constexpr int kThreads = 128 * kWG;
+  static constexpr int kMinBlocks = kWG == 1 ? 2 : 1;
+  static constexpr int kNQ = D / kWG;   // dQ columns per warpgroup
   static constexpr int kKBytes = kBN * D * 2;
   static constexpr int kQBytes = kBM * D * 2;
   static constexpr int kSBytes = kBN * kBM * 2;  // dS^T (keys x rows), one 128-byte row per key
@@ -32,15 +40,16 @@ struct BwdHopperTile {
       size_t(2) * kKBytes + 4 * size_t(kQBytes) + kSBytes + 4 * kBM * sizeof(float) + kSw128Atom;
 };
 
-template <typename T, int D>
-__global__ void __launch_bounds__(BwdHopperTile<D>::kThreads, BwdHopperTile<D>::kMinBlocks)
+template <typename T, int D, int kWG>
+__global__ void __launch_bounds__(BwdHopperTile<D, kWG>::kThreads, BwdHopperTile<D, kWG>::kMinBlocks)
     bwd_hopper_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = BwdHopperTile<D>;
+  using Tile = BwdHopperTile<D, kWG>;
   constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kThreads = Tile::kThreads;
   constexpr int kKT = D / 16;    // k-steps over the head dim
   constexpr int kMT = kBM / 16;  // k-steps over the query rows
   constexpr int kNT = kBN / 16;  // k-steps over the keys (dQ)
+  constexpr int kNQ = Tile::kNQ;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -187,13 +196,15 @@ __global__ void __launch_bounds__(BwdHopperTile<D>::kThreads, BwdHopperTile<D>::
     fence_proxy_async();
     __syncthreads();  // dS^T complete
 
-    // dQ[:, wg half] = dS K: A = dS (rows M-major in the dS^T tile), B = K (N-major).
-    float rdQ[D / 4];
+    // dQ[:, columns of this warpgroup] = dS K: A = dS (rows M-major in the dS^T tile), B = K
+    // (N-major); with 2 warpgroups each takes half the columns (d 64: 64 bytes into the swizzled
+    // rows; d 128: the second column block).
+    float rdQ[kNQ / 2];
     wgmma_fence();
-    const uint32_t k_half = D == 64 ? wg * 64 : wg * kBN * kSw128Row;
+    const uint32_t k_half = kWG == 1 ? 0 : D == 64 ? wg * 64 : wg * kBN * kSw128Row;
 #pragma unroll
     for (int kk = 0; kk < kNT; ++kk)
-      Wgmma<T, D / 2>::template ss<1, 1>(rdQ, make_desc(adS + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
+      Wgmma<T, kNQ>::template ss<1, 1>(rdQ, make_desc(adS + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
                                          make_desc(aK + k_half + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
                                          kk > 0);
     wgmma_commit();
@@ -212,8 +223,8 @@ __global__ void __launch_bounds__(BwdHopperTile<D>::kThreads, BwdHopperTile<D>::
       const int r = m0 + warp * 16 + g + 8 * e0;
       if (r >= I) continue;
 #pragma unroll
-      for (int i = 0; i < D / 16; ++i)
-        atomic_add2(gdQ + int64_t(r) * D + wg * (D / 2) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
+      for (int i = 0; i < kNQ / 8; ++i)
+        atomic_add2(gdQ + int64_t(r) * D + wg * kNQ + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
                     rdQ[4 * i + 2 * e0 + 1] * p.scale);
     }
   }
@@ -240,20 +251,34 @@ __global__ void __launch_bounds__(BwdHopperTile<D>::kThreads, BwdHopperTile<D>::
 
 namespace flashcos::cuda {
 
+// Default warpgroups per backward CTA (docs/kernels.md has the timings).
+template <int D>
+constexpr int kHopperBwdWarpgroups = D == 64 ? 1 : 2;
+
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
   {
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
   }
-  using Tile = hopper::BwdHopperTile<D>;
-  auto kernel = hopper::bwd_hopper_kernel<T, D>;
-  const cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
-  kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  // Warpgroups per CTA: FLASHCOS_HOPPER_BWD_WG=1 / 2 overrides the default (read once), for timing.
+  static const int wg_env = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_BWD_WG");
+    return env != nullptr ? std::atoi(env) : 0;
+  }();
+  const int wgs = wg_env == 1 || wg_env == 2 ? wg_env : kHopperBwdWarpgroups<D>;
+  auto run = [&](auto wg_tag) {
+    constexpr int kWG = decltype(wg_tag)::value;
+    using Tile = hopper::BwdHopperTile<D, kWG>;
+    auto kernel = hopper::bwd_hopper_kernel<T, D, kWG>;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
+    if (err != cudaSuccess) return err;
+    const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
+    kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(p);
+    return cudaGetLastError();
+  };
+  return wgs == 1 ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, 2>{});
 }
 
 }  // namespace flashcos::cuda
