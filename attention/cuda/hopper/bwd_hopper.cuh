@@ -1,13 +1,15 @@
 // Backward of cosine-sim attention on Hopper warpgroup MMAs (wgmma, sm_90a), fp16 / bf16, d 64 / 128.
 //
 // Same math and scratch as bwd_kernel.cuh (read its header first); no key mask, no bias (launch.cu
-// sends those to the sm_80 kernels). One CTA owns kBN = 64 kWG keys of one (b, kv head) and loops
-// over every query head of the group and every block of kBM = 64 query rows; Q, dO, c_i and D_i
+// sends those to the sm_80 kernels). One CTA owns kBN = 128 keys of one (b, kv head) and loops
+// over every query head of the group and every block of kBM (64 or 128) query rows; Q, dO, c_i and D_i
 // are double-buffered by cp.async. Warpgroup w owns keys 64w .. 64w + 63 and, per step:
 //   S^T = K_w Q^T, dP^T = V_w dO^T      wgmma, A (K-major) and B (K-major) from shared memory
 //   P^T, dS^T = P^T (dP^T - D)           in registers; dS^T also to shared memory (swizzled)
 //   dV += P^T dO, dK += dS^T Q           wgmma, A from registers, B = dO / Q N-major
-//   dQ[:, half w] = dS K                 wgmma, A = dS (M-major, the dS^T tile), B = K N-major
+//   dQ = dS K                            wgmma, A = dS (M-major, the dS^T tile), B = K N-major;
+//                                        64-row steps: warpgroup w takes half the columns,
+//                                        128-row steps: rows 64w .. 64w + 63
 // dK, dV stay in registers for the whole loop (no atomics for grouped heads); dQ is added to the
 // zeroed fp32 buffer with vector atomics (scale folded in).
 #pragma once
@@ -21,34 +23,34 @@
 
 namespace flashcos::cuda::hopper {
 
-// kWG warpgroups of 64 keys per CTA: 2 share each Q / dO tile and split dQ's columns; 1 computes
-// dQ over its own 64 keys and leaves room for 2 CTAs per SM (independent CTAs overlap one's
-// exponentials with the other's MMAs, where the warpgroups of one CTA run in step).
-template <int D, int kWG>
+template <int D, int BM>
 struct BwdHopperTile {
   static_assert(D == 64 || D == 128, "the Hopper backward covers head dims 64 and 128");
-  static_assert(kWG == 1 || kWG == 2, "1 or 2 warpgroups");
-  static constexpr int kBN = 64 * kWG;  // keys per CTA
-  static constexpr int kBM = 64;        // query rows per step
-  static constexpr int kThreads = 128 * kWG;
-  static constexpr int kMinBlocks = kWG == 1 ? 2 : 1;
-  static constexpr int kNQ = D / kWG;   // dQ columns per warpgroup
+  static_assert(BM == 64 || BM == 128, "64 or 128 query rows per step");
+  static constexpr int kBN = 128;  // keys per CTA, 64 per warpgroup
+  static constexpr int kBM = BM;   // query rows per step
+  static constexpr int kThreads = 256;
+  static constexpr int kMinBlocks = 1;
+  static constexpr bool kSplitRows = BM == 128;  // dQ: warpgroup w takes rows 64w.., else columns
+  static constexpr int kNQ = kSplitRows ? D : D / 2;  // dQ columns per warpgroup
   static constexpr int kKBytes = kBN * D * 2;
   static constexpr int kQBytes = kBM * D * 2;
-  static constexpr int kSBytes = kBN * kBM * 2;  // dS^T (keys x rows), one 128-byte row per key
+  // dS^T (keys x rows) as BM / 64 blocks of kBN keys x 128 bytes (64 rows), swizzled.
+  static constexpr int kSBytes = kBN * kBM * 2;
   static constexpr size_t kSmem =
       size_t(2) * kKBytes + 4 * size_t(kQBytes) + kSBytes + 4 * kBM * sizeof(float) + kSw128Atom;
 };
 
-template <typename T, int D, int kWG>
-__global__ void __launch_bounds__(BwdHopperTile<D, kWG>::kThreads, BwdHopperTile<D, kWG>::kMinBlocks)
+template <typename T, int D, int BM>
+__global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<D, BM>::kMinBlocks)
     bwd_hopper_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = BwdHopperTile<D, kWG>;
+  using Tile = BwdHopperTile<D, BM>;
   constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kThreads = Tile::kThreads;
   constexpr int kKT = D / 16;    // k-steps over the head dim
   constexpr int kMT = kBM / 16;  // k-steps over the query rows
   constexpr int kNT = kBN / 16;  // k-steps over the keys (dQ)
+  constexpr bool kSplitRows = Tile::kSplitRows;
   constexpr int kNQ = Tile::kNQ;
 
   extern __shared__ unsigned char smem_raw[];
@@ -170,15 +172,17 @@ __global__ void __launch_bounds__(BwdHopperTile<D, kWG>::kThreads, BwdHopperTile
       acc_to_frag<T>(rPf[kk], rS, kk);
       acc_to_frag<T>(rdSf[kk], rdP, kk);
     }
-    // dS^T -> shared memory: key row kr, query rows 16kk + 2t (+ 8), swizzled 16-byte chunks.
+    // dS^T -> shared memory: key row kr, query rows 16kk + 2t (+ 8), swizzled 16-byte chunks
+    // (block kk / 4 of 64 rows).
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
       const int kr = key_local0 + 8 * e0;
       unsigned char* row = sdS + kr * kSw128Row + 4 * t;
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) {
-        *reinterpret_cast<uint32_t*>(row + (((2 * kk) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
-        *reinterpret_cast<uint32_t*>(row + (((2 * kk + 1) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
+        unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
+        *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
+        *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
       }
     }
 
@@ -196,17 +200,18 @@ __global__ void __launch_bounds__(BwdHopperTile<D, kWG>::kThreads, BwdHopperTile
     fence_proxy_async();
     __syncthreads();  // dS^T complete
 
-    // dQ[:, columns of this warpgroup] = dS K: A = dS (rows M-major in the dS^T tile), B = K
-    // (N-major); with 2 warpgroups each takes half the columns (d 64: 64 bytes into the swizzled
-    // rows; d 128: the second column block).
+    // dQ = dS K: A = dS (rows M-major in the dS^T tile), B = K (N-major). 128-row steps: this
+    // warpgroup's 64 rows (row block wg of the dS^T tile), every column; 64-row steps: every row,
+    // half the columns (d 64: 64 bytes into the swizzled rows; d 128: the second column block).
     float rdQ[kNQ / 2];
     wgmma_fence();
-    const uint32_t k_half = kWG == 1 ? 0 : D == 64 ? wg * 64 : wg * kBN * kSw128Row;
+    const uint32_t s_off = kSplitRows ? wg * kBN * kSw128Row : 0;
+    const uint32_t k_off = kSplitRows ? 0 : D == 64 ? wg * 64 : wg * kBN * kSw128Row;
 #pragma unroll
     for (int kk = 0; kk < kNT; ++kk)
-      Wgmma<T, kNQ>::template ss<1, 1>(rdQ, make_desc(adS + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
-                                         make_desc(aK + k_half + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
-                                         kk > 0);
+      Wgmma<T, kNQ>::template ss<1, 1>(rdQ, make_desc(adS + s_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
+                                       make_desc(aK + k_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
+                                       kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(rdQ);
@@ -220,11 +225,11 @@ __global__ void __launch_bounds__(BwdHopperTile<D, kWG>::kThreads, BwdHopperTile
     float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
-      const int r = m0 + warp * 16 + g + 8 * e0;
+      const int r = m0 + (kSplitRows ? wg * 64 : 0) + warp * 16 + g + 8 * e0;
       if (r >= I) continue;
 #pragma unroll
       for (int i = 0; i < kNQ / 8; ++i)
-        atomic_add2(gdQ + int64_t(r) * D + wg * kNQ + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
+        atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : wg * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
                     rdQ[4 * i + 2 * e0 + 1] * p.scale);
     }
   }
@@ -251,9 +256,9 @@ __global__ void __launch_bounds__(BwdHopperTile<D, kWG>::kThreads, BwdHopperTile
 
 namespace flashcos::cuda {
 
-// Default warpgroups per backward CTA (docs/kernels.md has the timings).
+// Default query rows per backward step (docs/kernels.md has the timings).
 template <int D>
-constexpr int kHopperBwdWarpgroups = D == 64 ? 1 : 2;
+constexpr int kHopperBwdRows = D == 64 ? 128 : 64;
 
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
@@ -261,16 +266,16 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
   }
-  // Warpgroups per CTA: FLASHCOS_HOPPER_BWD_WG=1 / 2 overrides the default (read once), for timing.
-  static const int wg_env = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_BWD_WG");
+  // Query rows per step: FLASHCOS_HOPPER_BWD_ROWS=64 / 128 overrides the default (read once), for timing.
+  static const int rows_env = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_BWD_ROWS");
     return env != nullptr ? std::atoi(env) : 0;
   }();
-  const int wgs = wg_env == 1 || wg_env == 2 ? wg_env : kHopperBwdWarpgroups<D>;
-  auto run = [&](auto wg_tag) {
-    constexpr int kWG = decltype(wg_tag)::value;
-    using Tile = hopper::BwdHopperTile<D, kWG>;
-    auto kernel = hopper::bwd_hopper_kernel<T, D, kWG>;
+  [[maybe_unused]] const int rows = rows_env == 64 || rows_env == 128 ? rows_env : kHopperBwdRows<D>;
+  auto run = [&](auto rows_tag) {
+    constexpr int kBM = decltype(rows_tag)::value;
+    using Tile = hopper::BwdHopperTile<D, kBM>;
+    auto kernel = hopper::bwd_hopper_kernel<T, D, kBM>;
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
     if (err != cudaSuccess) return err;
@@ -278,7 +283,10 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
     kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(p);
     return cudaGetLastError();
   };
-  return wgs == 1 ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, 2>{});
+  if constexpr (D == 64) {  // d 128 at 128 rows spills heavily: not compiled
+    if (rows == 128) return run(std::integral_constant<int, 128>{});
+  }
+  return run(std::integral_constant<int, 64>{});
 }
 
 }  // namespace flashcos::cuda
