@@ -119,9 +119,36 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) rdK[i] = rdV[i] = 0.f;
 
+  // d 64 (kDeferDq): dQ(it) is copied out of the accumulators (rdQc) at the end of step it and added
+  // to global memory in step it + 1, while that step's S^T / dP^T MMAs run. The copy is an asm mov
+  // so that ptxas does not see registers written by an MMA read there (it would insert a wait,
+  // C7517); the first step adds the zero-initialised copy. Keeping dQ / dV / dK themselves in
+  // flight across steps made ptxas serialise the wgmma pipeline (C7511 / C7514), so every step
+  // still ends with wait<0>. d 128 has no registers to spare and adds dQ(it) at the end of step it.
+  constexpr bool kDeferDq = D == 64;
+  float rdQ[kNQ / 2];
+  float rdQc[kDeferDq ? kNQ / 2 : 1];
+#pragma unroll
+  for (int i = 0; i < (kDeferDq ? kNQ / 2 : 1); ++i) rdQc[i] = 0.f;
+  uint32_t rPf[kMT][4], rdSf[kMT][4];
+  auto flush_dq = [&](int it, const auto& acc) {
+    const int h = hkv * group + it / per_head;
+    const int m0 = (m_start + it % per_head) * kBM;
+    float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+    // Rows past I hold exact zeros (P = 0 there): they add 0 to row I - 1 instead of branching,
+    // since a divergent branch here, while S^T / dP^T are in flight, serialises the wgmma pipeline.
+#pragma unroll
+    for (int e0 = 0; e0 < 2; ++e0) {
+      const int r = min(m0 + (kSplitRows ? wg * 64 : 0) + warp * 16 + g + 8 * e0, I - 1);
+#pragma unroll
+      for (int i = 0; i < kNQ / 8; ++i)
+        atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : wg * kNQ) + i * 8 + 2 * t, acc[4 * i + 2 * e0] * p.scale,
+                    acc[4 * i + 2 * e0 + 1] * p.scale);
+    }
+  };
+
   for (int it = 0; it < n_iters; ++it) {
     const int stage = it & 1;
-    const int h = hkv * group + it / per_head;
     const int m0 = (m_start + it % per_head) * kBM;
     cp_async_wait<0>();
     fence_proxy_async();
@@ -147,6 +174,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
                                        make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
     }
     wgmma_commit();
+    if constexpr (kDeferDq) flush_dq(max(it - 1, 0), rdQc);
     wgmma_wait<0>();
     fence_regs(rS);
     fence_regs(rdP);
@@ -166,7 +194,6 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
       rS[i] = pe;
       rdP[i] = pe * (rdP[i] - sDeltas[rl]);
     }
-    uint32_t rPf[kMT][4], rdSf[kMT][4];
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) {
       acc_to_frag<T>(rPf[kk], rS, kk);
@@ -203,7 +230,6 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
     // dQ = dS K: A = dS (rows M-major in the dS^T tile), B = K (N-major). 128-row steps: this
     // warpgroup's 64 rows (row block wg of the dS^T tile), every column; 64-row steps: every row,
     // half the columns (d 64: 64 bytes into the swizzled rows; d 128: the second column block).
-    float rdQ[kNQ / 2];
     wgmma_fence();
     const uint32_t s_off = kSplitRows ? wg * kBN * kSw128Row : 0;
     const uint32_t k_off = kSplitRows ? 0 : D == 64 ? wg * 64 : wg * kBN * kSw128Row;
@@ -221,18 +247,14 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
     for (int kk = 0; kk < kMT; ++kk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rPf[kk][e]), "+r"(rdSf[kk][e])::"memory");
-
-    float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+    if constexpr (kDeferDq) {
 #pragma unroll
-    for (int e0 = 0; e0 < 2; ++e0) {
-      const int r = m0 + (kSplitRows ? wg * 64 : 0) + warp * 16 + g + 8 * e0;
-      if (r >= I) continue;
-#pragma unroll
-      for (int i = 0; i < kNQ / 8; ++i)
-        atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : wg * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
-                    rdQ[4 * i + 2 * e0 + 1] * p.scale);
+      for (int i = 0; i < kNQ / 2; ++i) asm volatile("mov.b32 %0, %1;" : "=f"(rdQc[i]) : "f"(rdQ[i]));
+    } else {
+      flush_dq(it, rdQ);
     }
   }
+  if (kDeferDq && n_iters > 0) flush_dq(n_iters - 1, rdQc);
 
   // dK = scale dS^T Q, dV: (B, Hkv, J, D) contiguous.
   const int64_t kv_base = (int64_t(b) * p.Hkv + hkv) * J;
