@@ -161,7 +161,8 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
     const float* sRowCs = sRowC + stage * kBM;
     const float* sDeltas = sDelta + stage * kBM;
 
-    // S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBM rows per warpgroup)
+    // S^T = K_w Q^T, then dP^T = V_w dO^T (64 keys x kBM rows per warpgroup), two groups, so
+    // that P^T is computed while dP^T runs and dS^T while dV runs (groups complete in order).
     float rS[kBM / 2], rdP[kBM / 2];
     wgmma_fence();
 #pragma unroll
@@ -170,16 +171,22 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
       const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
       Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
                                        make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
+      const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
       Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
                                        make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
     }
     wgmma_commit();
     if constexpr (kDeferDq) flush_dq(max(it - 1, 0), rdQc);
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S^T
     fence_regs(rS);
-    fence_regs(rdP);
 
-    // P^T, dS^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2).
+    // P^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2), then dV += P^T dO
+    // (k = the kBM query rows; dO N-major).
     const bool elementwise = wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) {
@@ -190,17 +197,28 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
         const int c = n0 + key_local0 + 8 * ((i / 2) % 2);
         ok = c < J && (!p.causal || c <= m0 + rl + diag);
       }
-      const float pe = ok ? fast_exp2(x) : 0.f;
-      rS[i] = pe;
-      rdP[i] = pe * (rdP[i] - sDeltas[rl]);
+      rS[i] = ok ? fast_exp2(x) : 0.f;
     }
 #pragma unroll
-    for (int kk = 0; kk < kMT; ++kk) {
-      acc_to_frag<T>(rPf[kk], rS, kk);
-      acc_to_frag<T>(rdSf[kk], rdP, kk);
+    for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk)
+      Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                  1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T (dV may still run)
+    fence_regs(rdP);
+
+    // dS^T = P^T (dP^T - D) in place, to fragments and to shared memory: key row kr, query rows
+    // 16kk + 2t (+ 8), swizzled 16-byte chunks (block kk / 4 of 64 rows). Then dK += dS^T Q.
+#pragma unroll
+    for (int i = 0; i < kBM / 2; ++i) {
+      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
+      rdP[i] = rS[i] * (rdP[i] - sDeltas[rl]);
     }
-    // dS^T -> shared memory: key row kr, query rows 16kk + 2t (+ 8), swizzled 16-byte chunks
-    // (block kk / 4 of 64 rows).
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
       const int kr = key_local0 + 8 * e0;
@@ -212,13 +230,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
         *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
       }
     }
-
-    // dV += P^T dO, dK += dS^T Q (k = the kBM query rows; dO, Q N-major)
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kMT; ++kk)
-      Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
-                                  1);
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk)
       Wgmma<T, D>::template rs<1>(rdK, rdSf[kk], make_desc(aQs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
