@@ -126,6 +126,9 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
   // flight across steps made ptxas serialise the wgmma pipeline (C7511 / C7514), so every step
   // still ends with wait<0>. d 128 has no registers to spare and adds dQ(it) at the end of step it.
   constexpr bool kDeferDq = D == 64;
+  // d 128: S^T and dP^T as two MMA groups, P^T computed while dP^T runs and dS^T while dV runs
+  // (4096: 294 vs 279 TFLOP/s); at d 64 the same order spills and loses 5%.
+  constexpr bool kSplitSdP = D == 128;
   float rdQ[kNQ / 2];
   float rdQc[kDeferDq ? kNQ / 2 : 1];
 #pragma unroll
@@ -161,81 +164,145 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
     const float* sRowCs = sRowC + stage * kBM;
     const float* sDeltas = sDelta + stage * kBM;
 
-    // S^T = K_w Q^T, then dP^T = V_w dO^T (64 keys x kBM rows per warpgroup), two groups, so
-    // that P^T is computed while dP^T runs and dS^T while dV runs (groups complete in order).
-    float rS[kBM / 2], rdP[kBM / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
-      const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-      Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
-                                       make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
-      const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-      Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
-                                       make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
-    }
-    wgmma_commit();
-    if constexpr (kDeferDq) flush_dq(max(it - 1, 0), rdQc);
-    wgmma_wait<1>();  // S^T
-    fence_regs(rS);
-
-    // P^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2), then dV += P^T dO
-    // (k = the kBM query rows; dO N-major).
     const bool elementwise = wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
+    float rS[kBM / 2], rdP[kBM / 2];
+    if constexpr (kSplitSdP) {
+      // S^T = K_w Q^T, then dP^T = V_w dO^T (64 keys x kBM rows per warpgroup), two groups, so
+      // that P^T is computed while dP^T runs and dS^T while dV runs (groups complete in order).
+      wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < kBM / 2; ++i) {
-      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
-      const float x = fmaf(rS[i], scale_log2, sRowCs[rl]);
-      bool ok = true;
-      if (elementwise) {
-        const int c = n0 + key_local0 + 8 * ((i / 2) % 2);
-        ok = c < J && (!p.causal || c <= m0 + rl + diag);
+      for (int kk = 0; kk < kKT; ++kk) {
+        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
+        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
+        Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
+                                         make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
       }
-      rS[i] = ok ? fast_exp2(x) : 0.f;
-    }
+      wgmma_commit();
 #pragma unroll
-    for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kMT; ++kk)
-      Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
-                                  1);
-    wgmma_commit();
-    wgmma_wait<1>();  // dP^T (dV may still run)
-    fence_regs(rdP);
+      for (int kk = 0; kk < kKT; ++kk) {
+        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
+        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
+        Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
+                                         make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
+      }
+      wgmma_commit();
+      if constexpr (kDeferDq) flush_dq(max(it - 1, 0), rdQc);
+      wgmma_wait<1>();  // S^T
+      fence_regs(rS);
 
-    // dS^T = P^T (dP^T - D) in place, to fragments and to shared memory: key row kr, query rows
-    // 16kk + 2t (+ 8), swizzled 16-byte chunks (block kk / 4 of 64 rows). Then dK += dS^T Q.
+      // P^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2), then dV += P^T dO
+      // (k = the kBM query rows; dO N-major).
 #pragma unroll
-    for (int i = 0; i < kBM / 2; ++i) {
-      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
-      rdP[i] = rS[i] * (rdP[i] - sDeltas[rl]);
-    }
+      for (int i = 0; i < kBM / 2; ++i) {
+        const int rl = (i / 4) * 8 + 2 * t + (i % 2);
+        const float x = fmaf(rS[i], scale_log2, sRowCs[rl]);
+        bool ok = true;
+        if (elementwise) {
+          const int c = n0 + key_local0 + 8 * ((i / 2) % 2);
+          ok = c < J && (!p.causal || c <= m0 + rl + diag);
+        }
+        rS[i] = ok ? fast_exp2(x) : 0.f;
+      }
 #pragma unroll
-    for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
+      for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
+      wgmma_fence();
 #pragma unroll
-    for (int e0 = 0; e0 < 2; ++e0) {
-      const int kr = key_local0 + 8 * e0;
-      unsigned char* row = sdS + kr * kSw128Row + 4 * t;
+      for (int kk = 0; kk < kMT; ++kk)
+        Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                    1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T (dV may still run)
+      fence_regs(rdP);
+
+      // dS^T = P^T (dP^T - D) in place, to fragments and to shared memory: key row kr, query rows
+      // 16kk + 2t (+ 8), swizzled 16-byte chunks (block kk / 4 of 64 rows). Then dK += dS^T Q.
+#pragma unroll
+      for (int i = 0; i < kBM / 2; ++i) {
+        const int rl = (i / 4) * 8 + 2 * t + (i % 2);
+        rdP[i] = rS[i] * (rdP[i] - sDeltas[rl]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
+#pragma unroll
+      for (int e0 = 0; e0 < 2; ++e0) {
+        const int kr = key_local0 + 8 * e0;
+        unsigned char* row = sdS + kr * kSw128Row + 4 * t;
+#pragma unroll
+        for (int kk = 0; kk < kMT; ++kk) {
+          unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
+        }
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk)
+        Wgmma<T, D>::template rs<1>(rdK, rdSf[kk], make_desc(aQs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                    1);
+      wgmma_commit();
+    } else {
+      // S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBM rows per warpgroup)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKT; ++kk) {
+        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
+        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
+        Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
+                                         make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
+        Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
+                                         make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
+      }
+      wgmma_commit();
+      if constexpr (kDeferDq) flush_dq(max(it - 1, 0), rdQc);
+      wgmma_wait<0>();
+      fence_regs(rS);
+      fence_regs(rdP);
+
+      // P^T, dS^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2).
+#pragma unroll
+      for (int i = 0; i < kBM / 2; ++i) {
+        const int rl = (i / 4) * 8 + 2 * t + (i % 2);
+        const float x = fmaf(rS[i], scale_log2, sRowCs[rl]);
+        bool ok = true;
+        if (elementwise) {
+          const int c = n0 + key_local0 + 8 * ((i / 2) % 2);
+          ok = c < J && (!p.causal || c <= m0 + rl + diag);
+        }
+        const float pe = ok ? fast_exp2(x) : 0.f;
+        rS[i] = pe;
+        rdP[i] = pe * (rdP[i] - sDeltas[rl]);
+      }
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) {
-        unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
-        *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
-        *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
+        acc_to_frag<T>(rPf[kk], rS, kk);
+        acc_to_frag<T>(rdSf[kk], rdP, kk);
       }
-    }
-    wgmma_fence();
+      // dS^T -> shared memory: key row kr, query rows 16kk + 2t (+ 8), swizzled 16-byte chunks
+      // (block kk / 4 of 64 rows).
 #pragma unroll
-    for (int kk = 0; kk < kMT; ++kk)
-      Wgmma<T, D>::template rs<1>(rdK, rdSf[kk], make_desc(aQs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
-                                  1);
-    wgmma_commit();
+      for (int e0 = 0; e0 < 2; ++e0) {
+        const int kr = key_local0 + 8 * e0;
+        unsigned char* row = sdS + kr * kSw128Row + 4 * t;
+#pragma unroll
+        for (int kk = 0; kk < kMT; ++kk) {
+          unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
+        }
+      }
+
+      // dV += P^T dO, dK += dS^T Q (k = the kBM query rows; dO, Q N-major)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk)
+        Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                    1);
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk)
+        Wgmma<T, D>::template rs<1>(rdK, rdSf[kk], make_desc(aQs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                    1);
+      wgmma_commit();
+    }
     fence_proxy_async();
     __syncthreads();  // dS^T complete
 
