@@ -46,6 +46,12 @@ fi
 if has_step sanitize; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   subset='Cuda/FusedAttention.MatchesFloat64Reference/d64_mask_bias_head_causal_bf16:Cuda/FusedAttention.MatchesFloat64Reference/d80_grouped_mask_bias_batch_f16:Cuda/FusedAttention.MatchesFloat64Reference/d32_cross_63x127_f32:Cuda/FusedAttention.MatchesFloat64Reference/d64_causal_i_gt_j_bf16:Cuda/FusedAttention.MatchesFloat64Reference/d128_groups2_causal_bf16'
+  # The Hopper family (d 64 / 128, no mask, no bias; on an H100): rows without keys, cross
+  # lengths, one key, grouped heads.
+  subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d64_causal_i_gt_j_1000x127_bf16'
+  subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d128_cross_257x1000_f16'
+  subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d128_len1_bf16'
+  subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d64_grouped_1000x2049_bf16'
   for tool in memcheck racecheck; do
     if [ -x "$CS" ]; then
       "$CS" --tool "$tool" --kernel-name kns=flashcos --error-exitcode 9 \
