@@ -49,7 +49,10 @@ if has_step sanitize; then
   # The Hopper family (d 64 / 128, no mask, no bias; on an H100): rows without keys, cross
   # lengths, one key, grouped heads.
   subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d64_causal_i_gt_j_1000x127_bf16'
-  subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d128_cross_257x1000_f16'
+  # (d128_cross_257x1000 is left out: under racecheck it stops with "Internal Sanitizer Error: the
+  # Sanitizer failed to handle a hardware exception" with either kernel family, FLASHCOS_HOPPER=0
+  # included; memcheck on it is clean. docs/kernels.md, 2026-11-23.)
+  subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d128_causal_2049_bf16'
   subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d128_len1_bf16'
   subset+=':Cuda/FusedAttention.MatchesFloat64Reference/d64_grouped_1000x2049_bf16'
   for tool in memcheck racecheck; do
