@@ -19,7 +19,7 @@
 
 #include "attention/cuda/bwd_kernel.cuh"
 #include "attention/cuda/hopper/common.cuh"
-#include "attention/cuda/hopper/wgmma_gen.cuh"
+#include "attention/cuda/hopper/wgmma.cuh"
 
 namespace flashcos::cuda::hopper {
 
