@@ -101,6 +101,25 @@ cudaError_t launch_delta(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// c_i and D_i of the query rows m0 .. m0 + kRows - 1 of (b, h) into shared memory, by 4-byte
+// cp.async from threads 0 .. kRows - 1 (a synchronous load costs a global-memory round trip per
+// step). Rows past I get c = -inf (so P = 0 there) by a plain store, seen after the next
+// __syncthreads, and D = 0.
+template <int kRows>
+__device__ __forceinline__ void load_row_stats_async(float* s_rowc, float* s_delta, const BwdParams& p, int b,
+                                                     int h, int m0, int tid) {
+  if (tid < kRows) {
+    const int r = m0 + tid;
+    const int64_t row = (int64_t(b) * p.H + h) * p.I + min(r, p.I - 1);
+    if (r < p.I) {
+      cp_async_4(s_rowc + tid, static_cast<const float*>(p.row_offset) + row, true);
+    } else {
+      s_rowc[tid] = -INFINITY;
+    }
+    cp_async_4(s_delta + tid, static_cast<const float*>(p.delta) + row, r < p.I);
+  }
+}
+
 template <typename T, int D, int V>
 __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBlocks)
     bwd_kernel(const BwdParams p) {
@@ -140,8 +159,6 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
 
   const float scale_log2 = p.scale * kLog2e;
   const bool has_mask = p.mask != nullptr, has_bias = p.bias != nullptr;
-  const float* gRowC = static_cast<const float*>(p.row_offset);  // (B, H, I)
-  const float* gDelta = static_cast<const float*>(p.delta);  // (B, H, I)
 
   // This thread's two key rows: c = n0 + warp * 16 + g + 8 e0.
   bool key_ok[2];
@@ -151,9 +168,7 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
     key_ok[e0] = c < J && (!has_mask || p.mask[b * p.mask_b_stride + c * p.mask_j_stride]);
   }
 
-  // Issues the loads of iteration `it` into `stage`, all by cp.async: Q, dO, c_i and D_i (a
-  // synchronous load of the last two cost a global-memory round trip per step). Rows past I get
-  // c = -inf (so P = 0 there) by a plain store, seen after the __syncthreads before their use.
+  // Issues the loads of iteration `it` into `stage`, all by cp.async: Q, dO, c_i and D_i.
   auto load_step = [&](int it, int stage) {
     const int h = hkv * group + it / per_head;
     const int m0 = (m_start + it % per_head) * kBM;
@@ -164,16 +179,7 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
     load_tile_async<kBM, D, kThreads>(sdO + stage * kBM * kPitch,
                                       gdO + int64_t(m0) * p.do_i_stride, p.do_i_stride, I - m0,
                                       gdO, tid);
-    if (tid < kBM) {
-      const int r = m0 + tid;
-      const int64_t row = (int64_t(b) * H + h) * I + min(r, I - 1);
-      if (r < I) {
-        cp_async_4(sRowC + stage * kBM + tid, gRowC + row, true);
-      } else {
-        sRowC[stage * kBM + tid] = -INFINITY;
-      }
-      cp_async_4(sDelta + stage * kBM + tid, gDelta + row, r < I);
-    }
+    load_row_stats_async<kBM>(sRowC + stage * kBM, sDelta + stage * kBM, p, b, h, m0, tid);
   };
 
   load_tile_async<kBN, D, kThreads>(sK, gK + int64_t(n0) * p.k_j_stride, p.k_j_stride, J - n0, gK, tid);

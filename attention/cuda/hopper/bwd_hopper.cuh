@@ -86,8 +86,6 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
   const int n_iters = group * per_head;
 
   const float scale_log2 = p.scale * kLog2e;
-  const float* gRowC = static_cast<const float*>(p.row_offset);
-  const float* gDelta = static_cast<const float*>(p.delta);
 
   auto load_step = [&](int it, int stage) {
     const int h = hkv * group + it / per_head;
@@ -98,16 +96,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
                                       I - m0, gQ, tid);
     load_tile_sw128<kBM, D, kThreads>(sdO + stage * Tile::kQBytes, gdO + int64_t(m0) * p.do_i_stride,
                                       p.do_i_stride, I - m0, gdO, tid);
-    if (tid < kBM) {
-      const int r = m0 + tid;
-      const int64_t row = (int64_t(b) * H + h) * I + min(r, I - 1);
-      if (r < I) {
-        cp_async_4(sRowC + stage * kBM + tid, gRowC + row, true);
-      } else {
-        sRowC[stage * kBM + tid] = -INFINITY;
-      }
-      cp_async_4(sDelta + stage * kBM + tid, gDelta + row, r < I);
-    }
+    load_row_stats_async<kBM>(sRowC + stage * kBM, sDelta + stage * kBM, p, b, h, m0, tid);
   };
 
   load_tile_sw128<kBN, D, kThreads>(sK, gK + int64_t(n0) * p.k_j_stride, p.k_j_stride, J - n0, gK, tid);
