@@ -79,9 +79,10 @@ inline bool fwd_needs_online(const CommonParams& p, bool is_half) {
   return !p.exp_kind && (is_half ? (p.bias != nullptr || span_log2 > 29.f) : span_log2 > 100.f);
 }
 
-// The launchers (attention/cuda/launch.cu). They pick the kernel family for the device
-// (today: the sm_80 mma.sync family for 16-bit inputs, SIMT for fp32/fp64) and return the first
-// CUDA error, for the caller to check.
+// The launchers (attention/cuda/launch.cu). They pick the kernel family for the inputs and the
+// device (Hopper wgmma kernels for the 16-bit d 64 / 128 cases without mask or bias on compute
+// capability 9.0, the sm_80 mma.sync kernels for the other 16-bit cases, SIMT for fp32 / fp64)
+// and return the first CUDA error, for the caller to check.
 bool supports_head_dim(int d);
 // Launches (forward or backward) that went to the Hopper family so far in this process.
 int64_t hopper_launches();
