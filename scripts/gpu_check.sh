@@ -34,6 +34,10 @@ steps=("$@")
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 table=()
 row() { table+=("$(printf '%-34s %s' "$1" "$2")"); }
+# "PASSED n SKIPPED n FAILED n" from a GoogleTest log (the count lines only, not the per-test ones).
+gtest_counts() {
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?[.,]' "$1" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+) tests?.*/\1 \2/' | tr '\n' ' '
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOG/gpu.txt" 2>&1
 row "gpu" "$(head -1 "$LOG/gpu.txt")"
@@ -54,7 +58,7 @@ TRAIN="$BUILD/train"
 if has tests; then
   "$BUILD/flashcos_tests" --gtest_brief=1 > "$LOG/tests.log" 2>&1
   rc=$?
-  row "tests (all suites)" "rc $rc: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$LOG/tests.log" | grep -v '\.' | tr '\n' ' ')"
+  row "tests (all suites)" "rc $rc: $(gtest_counts "$LOG/tests.log")"
 fi
 
 # Throughput of one training configuration: the tokens/s and peak memory of the last progress line.
@@ -134,7 +138,7 @@ if has hopper; then
     env_fam=1; [ $fam = sm80 ] && env_fam=0
     FLASHCOS_HOPPER=$env_fam "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*' \
         > "$LOG/grid_$fam.log" 2>&1
-    row "grid FLASHCOS_HOPPER=$env_fam" "rc $?: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$LOG/grid_$fam.log" | grep -v '\.' | tr '\n' ' ')"
+    row "grid FLASHCOS_HOPPER=$env_fam" "rc $?: $(gtest_counts "$LOG/grid_$fam.log")"
     grep -E '^\[  FAILED  \]' "$LOG/grid_$fam.log" | sed -E 's/, where GetParam.*//' | sort -u | head -20
   done
   for c in "" "--causal"; do
