@@ -119,7 +119,7 @@ fi
 
 if has tune; then
   for v in 0 1 2 3; do
-    export FLASHCOS_FWD_VARIANT=$v FLASHCOS_BWD_VARIANT=$v
+    export FLASHCOS_FWD_VARIANT=$v FLASHCOS_BWD_VARIANT=$v FLASHCOS_HOPPER_BWD_VARIANT=$v
     "$BUILD/flashcos_tests" --gtest_brief=1 \
         --gtest_filter='Cuda/FusedAttention.*/d64_*:Cuda/FusedAttention.*/d128_*' > "$LOG/tune_tests_v$v.log" 2>&1
     res="tests rc $?, $(grep -cE '^\[  FAILED  \].*\(' "$LOG/tune_tests_v$v.log") failed;"
@@ -130,7 +130,7 @@ if has tune; then
     done
     row "tune v$v TFLOP/s d64 fwd,bwd,both; d128" "$res"
   done
-  unset FLASHCOS_FWD_VARIANT FLASHCOS_BWD_VARIANT
+  unset FLASHCOS_FWD_VARIANT FLASHCOS_BWD_VARIANT FLASHCOS_HOPPER_BWD_VARIANT
 fi
 
 if has hopper; then

@@ -362,15 +362,8 @@ template <typename T, int D, int V>
 cudaError_t launch_bwd_tile(const BwdParams& p, cudaStream_t stream) {
   using Tile = BwdTile<D, V>;
   const size_t smem = Tile::smem_bytes(sizeof(T));
-  auto kernel = bwd_kernel<T, D, V>;
-  if (smem > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
   const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
-  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_smem(bwd_kernel<T, D, V>, grid, Tile::kThreads, smem, stream, p);
 }
 
 template <typename T, int D>

@@ -502,14 +502,9 @@ __global__ void __launch_bounds__(kThreads, 2) fastmax_scan_kernel(const Fastmax
 template <int D>
 cudaError_t launch(const FastmaxScanParams& p, cudaStream_t stream) {
   using S = ScanShape<D>;
-  // Per launch, as the cosine launchers do: the attribute belongs to the current device.
-  const cudaError_t attr =
-      cudaFuncSetAttribute(fastmax_scan_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmem));
-  if (attr != cudaSuccess) return attr;
   const int per_e = (p.p == 2 ? S::kMSlices : 0) + 1;
   const dim3 grid(unsigned(p.ep / kEw * per_e), unsigned(p.n));
-  fastmax_scan_kernel<D><<<grid, kThreads, S::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_smem(fastmax_scan_kernel<D>, grid, kThreads, S::kSmem, stream, p);
 }
 
 }  // namespace

@@ -342,14 +342,8 @@ cudaError_t launch_fwd_tile(const FwdParams& p, cudaStream_t stream) {
   const size_t smem = Tile::smem_bytes(sizeof(T));
   const bool online = fwd_needs_online(p, std::is_same_v<T, __half>);
   auto kernel = online ? fwd_kernel<T, D, V, true> : fwd_kernel<T, D, V, false>;
-  if (smem > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
-  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_smem(kernel, grid, Tile::kThreads, smem, stream, p);
 }
 
 template <typename T, int D>

@@ -14,9 +14,6 @@
 // zeroed fp32 buffer with vector atomics (scale folded in).
 #pragma once
 
-#include <cstdlib>
-#include <type_traits>
-
 #include "attention/cuda/bwd_kernel.cuh"
 #include "attention/cuda/hopper/common.cuh"
 #include "attention/cuda/hopper/wgmma.cuh"
@@ -346,9 +343,13 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
 
 namespace flashcos::cuda {
 
-// Default query rows per backward step (docs/kernels.md has the timings).
+// Query rows per backward step by tile variant (attention/cuda/tuning.h): variant 0 is in use,
+// d64 variant 1 is the 64-row step (H100 bf16 n8192: 128 rows 284 TFLOP/s, 64 rows 267;
+// docs/kernels.md). d128 has one shape: 128-row steps spill heavily there.
 template <int D>
-constexpr int kHopperBwdRows = D == 64 ? 128 : 64;
+constexpr int hopper_bwd_rows(int variant) {
+  return D == 64 && variant != 1 ? 128 : 64;
+}
 
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
@@ -356,27 +357,14 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
   }
-  // Query rows per step: FLASHCOS_HOPPER_BWD_ROWS=64 / 128 overrides the default (read once), for timing.
-  static const int rows_env = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_BWD_ROWS");
-    return env != nullptr ? std::atoi(env) : 0;
-  }();
-  [[maybe_unused]] const int rows = rows_env == 64 || rows_env == 128 ? rows_env : kHopperBwdRows<D>;
-  auto run = [&](auto rows_tag) {
-    constexpr int kBM = decltype(rows_tag)::value;
+  [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
+  return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] {
+    constexpr int kBM = hopper_bwd_rows<D>(kV);
     using Tile = hopper::BwdHopperTile<D, kBM>;
-    auto kernel = hopper::bwd_hopper_kernel<T, D, kBM>;
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
-    if (err != cudaSuccess) return err;
     const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
-    kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(p);
-    return cudaGetLastError();
-  };
-  if constexpr (D == 64) {  // d 128 at 128 rows spills heavily: not compiled
-    if (rows == 128) return run(std::integral_constant<int, 128>{});
-  }
-  return run(std::integral_constant<int, 64>{});
+    return launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM>, grid, Tile::kThreads, Tile::kSmem,
+                                    stream, p);
+  });
 }
 
 }  // namespace flashcos::cuda

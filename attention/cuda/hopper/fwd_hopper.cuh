@@ -196,13 +196,8 @@ namespace flashcos::cuda {
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
   using Tile = hopper::FwdHopperTile<D>;
-  auto kernel = hopper::fwd_hopper_kernel<T, D>;
-  const cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
-  if (err != cudaSuccess) return err;
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
-  kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_smem(hopper::fwd_hopper_kernel<T, D>, grid, Tile::kThreads, Tile::kSmem, stream, p);
 }
 
 }  // namespace flashcos::cuda
