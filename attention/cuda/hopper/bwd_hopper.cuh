@@ -152,32 +152,58 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
 
     const bool elementwise = wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
     float rS[kBM / 2], rdP[kBM / 2];
+    // S^T = K_w Q^T (kWhich & 1) and / or dP^T = V_w dO^T (kWhich & 2), interleaved per k-step
+    // (64 keys x kBM rows per warpgroup; A, B K-major).
+    auto issue_s_dp = [&](auto which) {
+      constexpr int kWhich = decltype(which)::value;
+#pragma unroll
+      for (int kk = 0; kk < kKT; ++kk) {
+        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
+        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
+        if constexpr ((kWhich & 1) != 0)
+          Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
+                                           make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
+        if constexpr ((kWhich & 2) != 0)
+          Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
+                                           make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
+      }
+    };
+    // dV += P^T dO or dK += dS^T Q (k = the kBM query rows; dO / Q N-major).
+    auto issue_kv_grad = [&](float (&acc)[D / 2], const uint32_t (&frag)[kMT][4], uint32_t b_base) {
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk)
+        Wgmma<T, D>::template rs<1>(acc, frag[kk], make_desc(b_base + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                    1);
+    };
+    // The dS^T fragments to shared memory: key row kr, query rows 16kk + 2t (+ 8), swizzled
+    // 16-byte chunks (block kk / 4 of 64 rows).
+    auto store_ds = [&] {
+#pragma unroll
+      for (int e0 = 0; e0 < 2; ++e0) {
+        const int kr = key_local0 + 8 * e0;
+        unsigned char* row = sdS + kr * kSw128Row + 4 * t;
+#pragma unroll
+        for (int kk = 0; kk < kMT; ++kk) {
+          unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
+        }
+      }
+    };
+    // P^T and dS^T of accumulator element i (column = query row 8 (i / 4) + 2t + i % 2) are
+    // computed inline below: fused in one loop for d64 and split around the dV MMAs for d128 (the
+    // register allocation of either differs enough that one shared helper spilled, see kernels.md).
     if constexpr (kSplitSdP) {
-      // S^T = K_w Q^T, then dP^T = V_w dO^T (64 keys x kBM rows per warpgroup), two groups, so
-      // that P^T is computed while dP^T runs and dS^T while dV runs (groups complete in order).
+      // Two groups, so that P^T is computed while dP^T runs and dS^T while dV runs (groups
+      // complete in order).
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kKT; ++kk) {
-        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
-        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-        Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
-                                         make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
-      }
+      issue_s_dp(std::integral_constant<int, 1>{});
       wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < kKT; ++kk) {
-        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
-        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-        Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
-                                         make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
-      }
+      issue_s_dp(std::integral_constant<int, 2>{});
       wgmma_commit();
       if constexpr (kDeferDq) flush_dq(max(it - 1, 0), rdQc);
       wgmma_wait<1>();  // S^T
       fence_regs(rS);
-
-      // P^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2), then dV += P^T dO
-      // (k = the kBM query rows; dO N-major).
 #pragma unroll
       for (int i = 0; i < kBM / 2; ++i) {
         const int rl = (i / 4) * 8 + 2 * t + (i % 2);
@@ -192,16 +218,10 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kMT; ++kk)
-        Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
-                                    1);
+      issue_kv_grad(rdV, rPf, adOs);
       wgmma_commit();
       wgmma_wait<1>();  // dP^T (dV may still run)
       fence_regs(rdP);
-
-      // dS^T = P^T (dP^T - D) in place, to fragments and to shared memory: key row kr, query rows
-      // 16kk + 2t (+ 8), swizzled 16-byte chunks (block kk / 4 of 64 rows). Then dK += dS^T Q.
 #pragma unroll
       for (int i = 0; i < kBM / 2; ++i) {
         const int rl = (i / 4) * 8 + 2 * t + (i % 2);
@@ -209,42 +229,18 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
       }
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
-#pragma unroll
-      for (int e0 = 0; e0 < 2; ++e0) {
-        const int kr = key_local0 + 8 * e0;
-        unsigned char* row = sdS + kr * kSw128Row + 4 * t;
-#pragma unroll
-        for (int kk = 0; kk < kMT; ++kk) {
-          unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
-          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
-          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
-        }
-      }
+      store_ds();
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kMT; ++kk)
-        Wgmma<T, D>::template rs<1>(rdK, rdSf[kk], make_desc(aQs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
-                                    1);
+      issue_kv_grad(rdK, rdSf, aQs);
       wgmma_commit();
     } else {
-      // S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBM rows per warpgroup)
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kKT; ++kk) {
-        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
-        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-        Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
-                                         make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
-        Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
-                                         make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
-      }
+      issue_s_dp(std::integral_constant<int, 3>{});
       wgmma_commit();
       if constexpr (kDeferDq) flush_dq(max(it - 1, 0), rdQc);
       wgmma_wait<0>();
       fence_regs(rS);
       fence_regs(rdP);
-
-      // P^T, dS^T in place (accumulator column = query row 8 (i / 4) + 2t + i % 2).
 #pragma unroll
       for (int i = 0; i < kBM / 2; ++i) {
         const int rl = (i / 4) * 8 + 2 * t + (i % 2);
@@ -263,30 +259,10 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, BwdHopperTile<
         acc_to_frag<T>(rPf[kk], rS, kk);
         acc_to_frag<T>(rdSf[kk], rdP, kk);
       }
-      // dS^T -> shared memory: key row kr, query rows 16kk + 2t (+ 8), swizzled 16-byte chunks
-      // (block kk / 4 of 64 rows).
-#pragma unroll
-      for (int e0 = 0; e0 < 2; ++e0) {
-        const int kr = key_local0 + 8 * e0;
-        unsigned char* row = sdS + kr * kSw128Row + 4 * t;
-#pragma unroll
-        for (int kk = 0; kk < kMT; ++kk) {
-          unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
-          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
-          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
-        }
-      }
-
-      // dV += P^T dO, dK += dS^T Q (k = the kBM query rows; dO, Q N-major)
+      store_ds();
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kMT; ++kk)
-        Wgmma<T, D>::template rs<1>(rdV, rPf[kk], make_desc(adOs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
-                                    1);
-#pragma unroll
-      for (int kk = 0; kk < kMT; ++kk)
-        Wgmma<T, D>::template rs<1>(rdK, rdSf[kk], make_desc(aQs + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
-                                    1);
+      issue_kv_grad(rdV, rPf, adOs);
+      issue_kv_grad(rdK, rdSf, aQs);
       wgmma_commit();
     }
     fence_proxy_async();
