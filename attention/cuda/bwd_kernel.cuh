@@ -101,21 +101,21 @@ cudaError_t launch_delta(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// -inf, the c_i of query rows past I, as a cp.async source.
+static __device__ float g_neg_inf_row_offset = -INFINITY;
+
 // c_i and D_i of the query rows m0 .. m0 + kRows - 1 of (b, h) into shared memory, by 4-byte
 // cp.async from threads 0 .. kRows - 1 (a synchronous load costs a global-memory round trip per
-// step). Rows past I get c = -inf (so P = 0 there) by a plain store, seen after the next
-// __syncthreads, and D = 0.
+// step). Rows past I get c = -inf (so P = 0 there) and D = 0, also by cp.async, so that whatever
+// tracks the thread's copies (cp.async.wait_group, or an mbarrier in the Hopper backward) covers
+// every write.
 template <int kRows>
 __device__ __forceinline__ void load_row_stats_async(float* s_rowc, float* s_delta, const BwdParams& p, int b,
                                                      int h, int m0, int tid) {
   if (tid < kRows) {
     const int r = m0 + tid;
     const int64_t row = (int64_t(b) * p.H + h) * p.I + min(r, p.I - 1);
-    if (r < p.I) {
-      cp_async_4(s_rowc + tid, static_cast<const float*>(p.row_offset) + row, true);
-    } else {
-      s_rowc[tid] = -INFINITY;
-    }
+    cp_async_4(s_rowc + tid, r < p.I ? static_cast<const float*>(p.row_offset) + row : &g_neg_inf_row_offset, true);
     cp_async_4(s_delta + tid, static_cast<const float*>(p.delta) + row, r < p.I);
   }
 }
