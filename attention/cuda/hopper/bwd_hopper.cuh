@@ -17,9 +17,10 @@
 // adds dQ to global memory the other's MMAs keep the tensor cores busy (warpgroup 1 starts half a
 // step late). Synchronisation is by mbarriers:
 //   * Q, dO, c_i, D_i in kStages = 3 stages, loaded by cp.async two steps ahead by all 256
-//     threads; "full" counts their cp.async arrivals, "empty" the 8 warps done with the stage;
-//   * dS^T in two buffers; "ds_full" counts the 8 warps that stored step it's dS^T, "ds_empty" the
-//     8 warps whose dQ(it) MMA read it (buffer it % 2 is rewritten in step it + 2).
+//     threads; "full" counts their cp.async arrivals, "empty" the 256 threads done with the stage
+//     (each thread arrives itself: it read c_i / D_i with plain loads);
+//   * dS^T in two buffers; "ds_full" counts the 256 threads that stored step it's dS^T, "ds_empty"
+//     the 8 warps whose dQ(it) MMA read it (buffer it % 2 is rewritten in step it + 2).
 // dK, dV stay in registers for the whole loop (no atomics for grouped heads); dQ is added to the
 // zeroed fp32 buffer with vector atomics (scale folded in). Timings of this and the earlier
 // lockstep version: docs/kernels.md, "Hopper family".
@@ -103,11 +104,11 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_full + s, kThreads);
-      mbar_init(bar_empty + s, kThreads / 32);
+      mbar_init(bar_empty + s, kThreads);
     }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      mbar_init(bar_ds_full + s, kThreads / 32);
+      mbar_init(bar_ds_full + s, kThreads);
       mbar_init(bar_ds_empty + s, kThreads / 32);
     }
   }
@@ -163,6 +164,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
                                        make_desc(aK + k_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
                                        kk > 0);
   };
+  // After the warpgroup's MMAs completed: no thread's own memory accesses to order.
   auto warp_arrive = [&](uint64_t* bar) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
@@ -253,7 +255,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
     if (it >= 2) mbar_wait(bar_ds_empty + (it & 1), ((it - 2) >> 1) & 1);
     store_ds();
     fence_proxy_async();
-    warp_arrive(bar_ds_full + (it & 1));
+    mbar_arrive(bar_ds_full + (it & 1));
     // dQ(it - 1) needs the other warpgroup's dS^T(it - 1).
     if (it > 0) mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
     wgmma_fence();
@@ -266,7 +268,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
     for (int kk = 0; kk < kMT; ++kk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rPf[kk][e]), "+r"(rdSf[kk][e])::"memory");
-    warp_arrive(bar_empty + stage);
+    mbar_arrive(bar_empty + stage);
     // dQ(it - 1) on its own, after dV / dK: issued with them it kept too many registers live
     // (spills, or serialised MMAs at d 128).
     if (it > 0) {
