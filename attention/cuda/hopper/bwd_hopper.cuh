@@ -82,8 +82,16 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
   const int g = lane / 4, t = lane % 4;
-  const int n_block = blockIdx.x;
-  const int hkv = blockIdx.y, b = blockIdx.z;
+  // Linear grid. Causal: key block slowest, so that every (b, kv head)'s block 0, the one with
+  // the most query rows, is dispatched first instead of the last (b, head)'s long CTAs trailing
+  // the others (H100 bf16 causal n 4096: d64 1.05 -> 1.18x flash, d128 1.17 -> 1.28x). Not
+  // causal: key block fastest, so that the CTAs running together share one (b, head)'s Q / dO in
+  // L2 (key block slowest cost 10% at d64 n 16384).
+  const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
+  const unsigned slow = p.causal ? unsigned(heads_batches) : unsigned(n_blocks);
+  const int n_block = p.causal ? int(blockIdx.x / slow) : int(blockIdx.x % slow);
+  const int hb = p.causal ? int(blockIdx.x % slow) : int(blockIdx.x / slow);
+  const int hkv = hb % p.Hkv, b = hb / p.Hkv;
   const int group = p.H / p.Hkv;
   const int I = p.I, J = p.J, H = p.H;
   const int diag = J - I;
@@ -342,7 +350,9 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
   return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] {
     constexpr int kBM = hopper_bwd_rows<D>(kV);
     using Tile = hopper::BwdHopperTile<D, kBM>;
-    const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
+    const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
+    if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
+    const dim3 grid{unsigned(blocks)};
     return launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM>, grid, Tile::kThreads, Tile::kSmem, stream, p);
   });
 }
