@@ -129,6 +129,7 @@ struct BenchConfig {
   std::string kernel = "auto";       // the seed table's "kernel" column
   std::string baseline = "plain";    // the seed table's "baseline" column
   int warmup = 5;
+  int rounds = 1;  // the implementations take turns this many times; the fastest round is kept
   int iters = 30;
   double budget_s = 2.0;  // per implementation x pass x config: fewer iterations when slow
   bool cuda = false;
@@ -258,6 +259,9 @@ cxxopts::Options make_options() {
       ("baseline", "the seed table's baseline column", text("plain"))
       ("warmup", "warm-up iterations", text("5"))
       ("iters", "timed iterations (the median is reported)", text("30"))
+      ("rounds", "time every implementation this many times per configuration, taking turns (the "
+                 "order reversed every other round), and report each one's fastest round: evens "
+                 "out clock and temperature drift between implementations", text("1"))
       ("budget", "seconds per implementation x pass x length; fewer iterations (at least 3) when "
                  "one is slow", text("2"))
       ("device", "cuda | cpu (default cuda when available)", text(""))
@@ -371,6 +375,7 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   }
 
   cfg.warmup = static_cast<int>(parse_int("warmup", r["warmup"].as<std::string>(), 0));
+  cfg.rounds = static_cast<int>(parse_int("rounds", r["rounds"].as<std::string>(), 1));
   cfg.iters = static_cast<int>(parse_int("iters", r["iters"].as<std::string>(), 1));
   cfg.budget_s = parse_double("budget", r["budget"].as<std::string>());
   if (cfg.budget_s <= 0) throw UsageError("--budget: expected a positive number of seconds");
@@ -990,8 +995,8 @@ int run(const BenchConfig& cfg) {
   std::printf("attention: %s   causal: %s   mask-prob: %g   scale: %g   l2norm: %s\n",
               cfg.attention.c_str(), cfg.causal ? "yes" : "no", cfg.mask_prob, cfg.scale,
               cfg.include_l2norm ? "timed" : "outside the timing");
-  std::printf("implementations: %s   warmup: %d   iters: %d (median; fewer past %gs)\n",
-              impl_list.c_str(), cfg.warmup, cfg.iters, cfg.budget_s);
+  std::printf("implementations: %s   warmup: %d   iters: %d (median; fewer past %gs)   rounds: %d\n",
+              impl_list.c_str(), cfg.warmup, cfg.iters, cfg.budget_s, cfg.rounds);
   if (cfg.attention == "fastmax") {
     std::printf(
         "fastmax: p %lld%s, temperature %g, chunk %lld; TFLOP/s counts the quadratic "
@@ -1022,6 +1027,7 @@ int run(const BenchConfig& cfg) {
                    {"dim_heads", cfg.dim_heads},
                    {"seq_lens", cfg.seq_lens},
                    {"warmup", cfg.warmup},
+                   {"rounds", cfg.rounds},
                    {"iters", cfg.iters},
                    {"budget_s", cfg.budget_s},
                    {"seed", cfg.seed},
@@ -1082,19 +1088,34 @@ int run(const BenchConfig& cfg) {
               input_failure.status = "oom";
               input_failure.reason = "the inputs alone: " + first_line(e.what_without_backtrace());
             }
-            for (const auto& impl : impls) {
-              const Measurement skip = predicted_skip(cfg, impl.name, n, last);
-              if (input_failure.status != "ok") {
-                row.by_impl[impl.name] = input_failure;
-              } else if (skip.status != "ok") {
-                row.by_impl[impl.name] = skip;
-              } else {
-                row.by_impl[impl.name] = measure(cfg, impl, pass, in);
-                const Measurement& m = row.by_impl[impl.name];
-                if (m.status == "ok" || m.status == "oom") last[impl.name] = {n, m};
+            // Round r times the implementations in list order (reversed when r is odd); each
+            // keeps its fastest round. A failure or a skip is final.
+            std::map<std::string, Measurement> skips;
+            for (const auto& impl : impls) skips[impl.name] = predicted_skip(cfg, impl.name, n, last);
+            for (int round = 0; round < cfg.rounds; ++round) {
+              for (size_t k = 0; k < impls.size(); ++k) {
+                const auto& impl = impls[round % 2 == 1 ? impls.size() - 1 - k : k];
+                const auto done = row.by_impl.find(impl.name);
+                if (done != row.by_impl.end() && done->second.status != "ok") continue;
+                Measurement m;
+                if (input_failure.status != "ok") {
+                  m = input_failure;
+                } else if (skips[impl.name].status != "ok") {
+                  m = skips[impl.name];
+                } else {
+                  m = measure(cfg, impl, pass, in);
+                }
+                if (done == row.by_impl.end() || m.status != "ok" || m.ms < done->second.ms) {
+                  row.by_impl[impl.name] = m;
+                }
               }
-              doc["results"].push_back(
-                  record(cfg, impl.name, dtype, dim_head, n, pass, row.by_impl[impl.name]));
+            }
+            for (const auto& impl : impls) {
+              const Measurement& m = row.by_impl[impl.name];
+              if (input_failure.status == "ok" && skips[impl.name].status == "ok" &&
+                  (m.status == "ok" || m.status == "oom"))
+                last[impl.name] = {n, m};
+              doc["results"].push_back(record(cfg, impl.name, dtype, dim_head, n, pass, m));
             }
             in = Inputs{};
             if (cfg.cuda) at::accelerator::emptyCache();

@@ -6,7 +6,8 @@
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
 # causal or not, after running the d64 / d128 CUDA test cases with that variant.
-# matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384.
+# matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384,
+# MATRIX_ROUNDS (default 2) rounds per configuration (bench --rounds).
 # fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
 # at seq 2048 with --attention fastmax beside the cosine (sdpa) model.
 # hopper: the CUDA attention grid once as built (the Hopper family where it applies) and once with
@@ -96,7 +97,7 @@ fi
 if has matrix; then
   for c in "--causal" ""; do
     tag=$([ -n "$c" ] && echo causal || echo full)
-    "$TRAIN" bench $c --dtype bf16,fp16 --dim-head 64,128 --seq-lens 4096,8192,16384 \
+    "$TRAIN" bench $c --dtype bf16,fp16 --dim-head 64,128 --seq-lens 4096,8192,16384 --rounds "${MATRIX_ROUNDS:-2}" \
         --impls fused,sdpa-flash,sdpa-cudnn --json "$LOG/matrix_$tag.json" > "$LOG/matrix_$tag.log" 2>&1
     row "matrix $tag" "rc $? (see matrix_$tag.log)"
   done

@@ -119,6 +119,24 @@ TEST(BenchCli, OnlyForwardsCausalRestrictedImpls) {
   }
 }
 
+TEST(BenchCli, RoundsKeepOneResultPerImplementationAndLength) {
+  const std::string json = temp_path("bench_rounds");
+  const RunResult r = run_train(std::string(kSmall) + " --only-backwards --impls plain,tiled --rounds 3 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rounds: 3"), std::string::npos) << r.output;
+  const nlohmann::json doc = read_json(json);
+  std::remove(json.c_str());
+  EXPECT_EQ(doc["config"]["rounds"], 3);
+  ASSERT_EQ(doc["results"].size(), 4u) << doc.dump(2);  // 2 impls x 2 lengths, not x 3 rounds
+  std::set<std::string> seen;
+  for (const auto& rec : doc["results"]) {
+    EXPECT_EQ(rec["status"], "ok") << rec.dump();
+    EXPECT_GT(rec["ms"].get<double>(), 0.0) << rec.dump();
+    seen.insert(rec["impl"].get<std::string>() + "/" + std::to_string(rec["seq_len"].get<int64_t>()));
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"plain/1", "plain/63", "tiled/1", "tiled/63"}));
+}
+
 TEST(BenchCli, ExpKindRunsOursAndMarksSdpaNotApplicable) {
   const RunResult r = run_train(std::string(kSmall) +
                                 " --only-backwards --attention exp --impls plain,tiled,sdpa-math");
@@ -160,6 +178,7 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("--attention softmax", "--attention");
   expect_rejected("--device tpu", "--device");
   expect_rejected("--iters 0", "--iters");
+  expect_rejected("--rounds 0", "--rounds");
   expect_rejected("stray", "stray");
 }
 
