@@ -6,11 +6,39 @@
 #include <torch/nn/init.h>
 
 
+#include <ATen/SDPBackend.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+
+#include <mutex>
+
 #include "attention/attention.h"
 #include "attention/fastmax.h"
+#include "common/log.h"
 
 namespace flashcos::model {
 namespace F = torch::nn::functional;
+
+namespace {
+
+// --attention-impl sdpa: names, once per process, the backend libtorch picks for the model's
+// actual q, k, v (shapes, strides, dtype), so that the trainer's speed can be read against the
+// right bar (`./train bench` times each backend).
+void log_sdpa_backend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    if (!q.is_cuda()) return;
+    const auto backend = static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, k, v, {}, 0.0, true, scale));
+    const char* name = backend == at::SDPBackend::cudnn_attention       ? "cudnn"
+                       : backend == at::SDPBackend::flash_attention     ? "flash"
+                       : backend == at::SDPBackend::efficient_attention ? "efficient"
+                       : backend == at::SDPBackend::math                ? "math"
+                                                                        : "other";
+    log::info(std::string("  sdpa        libtorch picked the ") + name + " backend for q " +
+              c10::str(q.sizes()) + " " + c10::toString(q.scalar_type()));
+  });
+}
+
+}  // namespace
 
 AttentionImpl::AttentionImpl(const ModelConfig& cfg) : cfg_(cfg) {
   const int64_t inner = cfg.heads * cfg.dim_head;
@@ -49,6 +77,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
       };
       q = rms(q.transpose(1, 2));
       k = rms(k.transpose(1, 2));
+      log_sdpa_backend(q, k, v, cfg_.attn_scale / static_cast<double>(gs));
       o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
                                            cfg_.attn_scale / static_cast<double>(gs));
     } else if (cfg_.attention_impl == "plain") {
@@ -58,6 +87,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     }
   } else if (cfg_.attention == "softmax") {
     if (cfg_.attention_impl == "sdpa") {
+      log_sdpa_backend(q, k, v, 1.0 / std::sqrt(static_cast<double>(HS)));
       o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
     } else {
       auto sim = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(HS));
