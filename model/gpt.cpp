@@ -77,9 +77,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
       };
       q = rms(q.transpose(1, 2));
       k = rms(k.transpose(1, 2));
-      log_sdpa_backend(q, k, v, cfg_.attn_scale / static_cast<double>(gs));
-      o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
-                                           cfg_.attn_scale / static_cast<double>(gs));
+      const double scale = cfg_.attn_scale / static_cast<double>(gs);
+      log_sdpa_backend(q, k, v, scale);
+      o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale);
     } else if (cfg_.attention_impl == "plain") {
       o = plain_cosine_sim_attention(q, k, v, opts);
     } else {

@@ -4,8 +4,8 @@
 // is the shape in use. A build configured with -DFLASHCOS_TUNING=ON also compiles variants
 // 1 .. kTuningVariants - 1 and picks one per launch from the environment variables
 // FLASHCOS_FWD_VARIANT / FLASHCOS_BWD_VARIANT (the Hopper backward: FLASHCOS_HOPPER_BWD_VARIANT;
-// unset or out of range: 0; read once per process and kernel), so that one build can time every shape with `./train bench` (scripts/gpu_check.sh
-// tune). Normal builds compile variant 0 only and ignore the variables. The switch from the
+// unset or out of range: 0; read once per process and kernel), so that one build can time every
+// shape with `./train bench` (scripts/gpu_check.sh tune). Normal builds compile variant 0 only and ignore the variables. The switch from the
 // runtime variant to the template argument is FLASHCOS_VARIANT_SWITCH in static_switch.h.
 #pragma once
 

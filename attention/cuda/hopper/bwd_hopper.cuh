@@ -122,10 +122,12 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   }
   __syncthreads();
 
+  // Step it covers query head step_h(it), rows step_m0(it) ..: heads outer, row blocks inner.
+  auto step_h = [&](int it) { return hkv * group + it / per_head; };
+  auto step_m0 = [&](int it) { return (m_start + it % per_head) * kBM; };
   // Step it's Q, dO, c_i, D_i into `stage`, then this thread's arrival on the stage's full barrier.
   auto load_step = [&](int it, int stage) {
-    const int h = hkv * group + it / per_head;
-    const int m0 = (m_start + it % per_head) * kBM;
+    const int h = step_h(it), m0 = step_m0(it);
     const T* gQ = static_cast<const T*>(p.q) + b * p.q_b_stride + h * p.q_h_stride;
     const T* gdO = static_cast<const T*>(p.dout) + b * p.do_b_stride + h * p.do_h_stride;
     load_tile_sw128<kBM, D, kThreads>(sQ + stage * Tile::kQBytes, gQ + int64_t(m0) * p.q_i_stride, p.q_i_stride,
@@ -147,8 +149,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   uint32_t rPf[kMT][4], rdSf[kMT][4];
 
   auto flush_dq = [&](int it) {
-    const int h = hkv * group + it / per_head;
-    const int m0 = (m_start + it % per_head) * kBM;
+    const int h = step_h(it), m0 = step_m0(it);
     float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
@@ -172,16 +173,11 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
                                        make_desc(aK + k_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
                                        kk > 0);
   };
-  // After the warpgroup's MMAs completed: no thread's own memory accesses to order.
-  auto warp_arrive = [&](uint64_t* bar) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
-  };
 
   int stage = 0;
   uint32_t phase = 0;
   for (int it = 0; it < n_iters; ++it) {
-    const int m0 = (m_start + it % per_head) * kBM;
+    const int m0 = step_m0(it);
     mbar_wait(bar_full + stage, phase);
     fence_proxy_async();
     if (it == 0 && wg == 1) named_bar_sync<1, kThreads>();  // start half a step after warpgroup 0
@@ -192,18 +188,14 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
 
     const bool elementwise = wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
     float rS[kBM / 2], rdP[kBM / 2];
-    auto issue_s_dp = [&](auto which) {
-      constexpr int kWhich = decltype(which)::value;
+    // acc = A_w B^T over the head dim: S^T (A = K, B = Q) or dP^T (A = V, B = dO); both K-major.
+    auto issue_s_dp = [&](float (&acc)[kBM / 2], uint32_t a_base, uint32_t b_base) {
 #pragma unroll
       for (int kk = 0; kk < kKT; ++kk) {
         const uint32_t a_off = (kk / 4) * kBN * kSw128Row + wg * 64 * kSw128Row + (kk % 4) * 32;
         const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-        if constexpr ((kWhich & 1) != 0)
-          Wgmma<T, kBM>::template ss<0, 0>(rS, make_desc(aK + a_off, 16, kSw128Atom),
-                                           make_desc(aQs + b_off, 16, kSw128Atom), kk > 0);
-        if constexpr ((kWhich & 2) != 0)
-          Wgmma<T, kBM>::template ss<0, 0>(rdP, make_desc(aV + a_off, 16, kSw128Atom),
-                                           make_desc(adOs + b_off, 16, kSw128Atom), kk > 0);
+        Wgmma<T, kBM>::template ss<0, 0>(acc, make_desc(a_base + a_off, 16, kSw128Atom),
+                                         make_desc(b_base + b_off, 16, kSw128Atom), kk > 0);
       }
     };
     auto issue_kv_grad = [&](float (&acc)[D / 2], const uint32_t (&frag)[kMT][4], uint32_t b_base) {
@@ -227,9 +219,9 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
     };
     // Two MMA groups (they complete in order): P^T is computed while dP^T runs, dS^T while dV runs.
     wgmma_fence();
-    issue_s_dp(std::integral_constant<int, 1>{});
+    issue_s_dp(rS, aK, aQs);
     wgmma_commit();
-    issue_s_dp(std::integral_constant<int, 2>{});
+    issue_s_dp(rdP, aV, adOs);
     wgmma_commit();
     wgmma_wait<1>();  // S^T
     fence_regs(rS);
@@ -264,8 +256,6 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
     store_ds();
     fence_proxy_async();
     mbar_arrive(bar_ds_full + (it & 1));
-    // dQ(it - 1) needs the other warpgroup's dS^T(it - 1).
-    if (it > 0) mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
     wgmma_fence();
     issue_kv_grad(rdK, rdSf, aQs);
     wgmma_commit();
@@ -280,12 +270,15 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
     // dQ(it - 1) on its own, after dV / dK: issued with them it kept too many registers live
     // (spills, or serialised MMAs at d 128).
     if (it > 0) {
+      // dQ(it - 1) needs the other warpgroup's dS^T(it - 1).
+      mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
       wgmma_fence();
       issue_dq(it - 1);
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(rdQ);
-      warp_arrive(bar_ds_empty + ((it - 1) & 1));
+      __syncwarp();  // one arrival per warp: the MMA's reads are done, no thread's own accesses to order
+      if (lane == 0) mbar_arrive(bar_ds_empty + ((it - 1) & 1));
       flush_dq(it - 1);
     }
     // Step it + 2 goes into the stage of step it - 1, once both warpgroups are done with it.
