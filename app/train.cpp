@@ -57,6 +57,7 @@ int run_train(int argc, char** argv) {
       ("checkpoint-dir", "folder of runs", cxxopts::value<std::string>()->default_value(d.checkpoint_dir))
       ("run", "run name (default run-<date>-<time>)", cxxopts::value<std::string>())
       ("resume", "continue from a checkpoint file or run folder", cxxopts::value<std::string>())
+      ("profile-steps", "record GPU time per kernel over N steps (after 2 warm-up steps), print it and save profile.json in the run folder", cxxopts::value<int64_t>()->default_value("0"))
       ("log-level", "trace | debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
       ("h,help", "print this help");
 
@@ -90,6 +91,8 @@ int run_train(int argc, char** argv) {
     c.save_every = r["save-every"].as<int64_t>();
     c.log_every = r["log-every"].as<int64_t>();
     c.checkpoint_dir = r["checkpoint-dir"].as<std::string>();
+    c.profile_steps = r["profile-steps"].as<int64_t>();
+    if (c.profile_steps < 0) throw std::invalid_argument("--profile-steps must be >= 0, got " + std::to_string(c.profile_steps));
     if (r.count("run")) c.run = r["run"].as<std::string>();
     if (r.count("resume")) c.resume = r["resume"].as<std::string>();
 

@@ -29,6 +29,7 @@
 #include "model/gpt.h"
 #include "model/autocast.h"
 #include "model/optim.h"
+#include "model/profile.h"
 
 namespace flashcos::model {
 namespace fs = std::filesystem;
@@ -269,7 +270,20 @@ int train(TrainConfig cfg) {
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t first_step = state.step;
 
+  // --profile-steps: steps [first_step + 2, first_step + 2 + profile_steps) are recorded.
+  const int64_t profile_begin = first_step + 2, profile_end = profile_begin + cfg.profile_steps;
+  if (cfg.profile_steps > 0 && profile_end > cfg.steps) {
+    log::warn(strf("--profile-steps %lld needs --steps >= %lld (2 warm-up steps first); no profile this run",
+                   static_cast<long long>(cfg.profile_steps), static_cast<long long>(profile_end)));
+  }
+  bool profiling = false;
+
   while (state.step < cfg.steps) {
+    if (cfg.profile_steps > 0 && state.step == profile_begin && profile_end <= cfg.steps) {
+      synchronize(device);
+      start_step_profile();
+      profiling = true;
+    }
     const double lr = lr_at(cfg, state.step);
     set_lr(*optimizer, lr);
     optimizer->zero_grad(true);
@@ -310,6 +324,15 @@ int train(TrainConfig cfg) {
     }
     state.sampler_state = sampler.state();
     ++state.step;
+    if (profiling && state.step == profile_end) {
+      profiling = false;
+      synchronize(device);
+      const std::string trace = (run_dir / "profile.json").string();
+      if (tty) std::fprintf(stderr, "\n");
+      std::printf("%s", stop_step_profile(cfg.profile_steps, trace).c_str());
+      std::fflush(stdout);
+      log::info("profile trace (chrome://tracing, Perfetto): " + trace);
+    }
     ++steps_since_log;
     loss_sum += step_loss;
 

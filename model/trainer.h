@@ -29,6 +29,7 @@ struct TrainConfig {
   int64_t generate_length = 512;
   int64_t save_every = 500;         // also saved at the end, on Ctrl-C and after each validation
   int64_t log_every = 10;
+  int64_t profile_steps = 0;        // > 0: GPU time per kernel over this many steps, after 2 warm-up steps
   std::string checkpoint_dir = "checkpoints";
   std::string run;                  // run name (default: run-<date>-<time>)
   std::string resume;               // checkpoint file or run folder to continue

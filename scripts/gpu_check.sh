@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
 # causal or not, after running the d64 / d128 CUDA test cases with that variant.
+# profile: GPU time per kernel (train --profile-steps) of the sdpa and fused runs at seq 8192, batch 4,
+# grad-accum 1 (PROFILE_STEPS, default 4); the reports go to the log folder.
 # matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384,
 # MATRIX_ROUNDS (default 2) rounds per configuration (bench --rounds).
 # fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
@@ -81,6 +83,17 @@ if has train; then
       plain-2048) train_run plain-2048 --seq-len 2048 --batch 4 --attention-impl plain ;;
       sdpa-2048) train_run sdpa-2048 --seq-len 2048 --batch 4 --attention-impl sdpa ;;
     esac
+  done
+fi
+
+if has profile; then
+  for impl in sdpa fused; do
+    flag="--attention-impl sdpa"; [ $impl = fused ] && flag="--use-cuda-kernel"
+    n=${PROFILE_STEPS:-4}
+    "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --grad-accum 1 --steps $((n + 2)) --profile-steps "$n" \
+        --log-every 1 --validate-every 1000000 --generate-every 0 --save-every 1000000 --checkpoint-dir "$CK" \
+        --run prof-$impl $flag > "$LOG/profile_$impl.log" 2>&1
+    row "profile $impl" "rc $?: $(grep -oE 'GPU busy [0-9.]+ ms/step' "$LOG/profile_$impl.log")"
   done
 fi
 

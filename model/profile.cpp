@@ -1,0 +1,71 @@
+#include "model/profile.h"
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <vector>
+
+#include "common/log.h"
+
+namespace flashcos::model {
+namespace prof = torch::autograd::profiler;
+namespace impl = torch::profiler::impl;
+
+void start_step_profile() {
+  if (impl::profilerEnabled()) throw std::runtime_error("--profile-steps: a profiler is already running");
+  const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+  prof::prepareProfiler(config, {impl::ActivityType::CPU, impl::ActivityType::CUDA});
+  prof::enableProfiler(config, {impl::ActivityType::CPU, impl::ActivityType::CUDA});
+}
+
+std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top) {
+  auto result = prof::disableProfiler();
+  if (!trace_path.empty()) result->save(trace_path);
+  struct Entry {
+    uint64_t ns = 0;
+    int64_t count = 0;
+  };
+  std::map<std::string, Entry> by_name;
+  uint64_t total_ns = 0, first_ns = UINT64_MAX, last_ns = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    auto& entry = by_name[e.name()];
+    entry.ns += e.durationNs();
+    entry.count += 1;
+    total_ns += e.durationNs();
+    first_ns = std::min(first_ns, e.startNs());
+    last_ns = std::max(last_ns, e.endNs());
+  }
+  if (by_name.empty()) {
+    return "profile: no CUDA activity was recorded (CPU run, or no CUPTI in this libtorch)";
+  }
+  std::vector<std::pair<std::string, Entry>> rows(by_name.begin(), by_name.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  const double per_step = 1e6 * static_cast<double>(std::max<int64_t>(steps, 1));  // ns -> ms per step
+  std::string out = strf("profile over %lld steps: GPU busy %.2f ms/step of a %.2f ms/step span (%zu kernel names)\n",
+                         static_cast<long long>(steps), total_ns / per_step,
+                         last_ns > first_ns ? (last_ns - first_ns) / per_step : 0.0, rows.size());
+  out += strf("  %9s %6s %8s  %s\n", "ms/step", "%", "calls", "kernel");
+  uint64_t rest_ns = 0;
+  int64_t rest_count = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& [name, entry] = rows[i];
+    if (static_cast<int>(i) >= top) {
+      rest_ns += entry.ns;
+      rest_count += entry.count;
+      continue;
+    }
+    std::string shown = name.size() > 110 ? name.substr(0, 107) + "..." : name;
+    out += strf("  %9.3f %6.2f %8lld  %s\n", entry.ns / per_step, 100.0 * entry.ns / total_ns,
+                static_cast<long long>(entry.count), shown.c_str());
+  }
+  if (rest_count > 0) {
+    out += strf("  %9.3f %6.2f %8lld  (%zu other names)\n", rest_ns / per_step, 100.0 * rest_ns / total_ns,
+                static_cast<long long>(rest_count), rows.size() - static_cast<size_t>(top));
+  }
+  return out;
+}
+
+}  // namespace flashcos::model

@@ -1,0 +1,19 @@
+// GPU time per kernel over a few training steps (./train --profile-steps N): libtorch's Kineto
+// profiler records every CUDA kernel, memset and copy; the report groups them by name and gives
+// each one's time per step, so two runs (say --use-cuda-kernel and --attention-impl sdpa) can be
+// compared line by line. The full trace is saved as Chrome-trace JSON (chrome://tracing, Perfetto).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace flashcos::model {
+
+// Starts recording CPU ops and CUDA activity; throws std::runtime_error if a profiler is already on.
+void start_step_profile();
+
+// Stops recording, saves the trace to `trace_path` (skipped when empty), and returns the report:
+// GPU time per step of the `top` costliest kernel names, the rest summed, and the GPU busy total.
+std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top = 30);
+
+}  // namespace flashcos::model
