@@ -63,6 +63,14 @@ struct AttentionOptions {
 at::Tensor cosine_sim_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const AttentionOptions& options = {});
 
+/// q, k, v packed in one projection, as a fused QKV linear layer gives them: qkv (B, T, 3 * heads * D)
+/// holds [q | k | v] along its last dim, each (B, T, heads, D). Returns o (B, T, heads * D), the
+/// heads merged (what an output projection takes). The same result as cosine_sim_attention on the
+/// three (B, heads, T, D) views; with the fused backend, l2norm_qk, fp16 / bf16, no mask and no bias
+/// it runs without layout copies (fused l2norm kernels, o written in (B, T, H, D) order, the gradient
+/// written as one packed (B, T, 3 * heads * D) tensor). Options as for cosine_sim_attention.
+at::Tensor cosine_sim_attention_packed(const at::Tensor& qkv, int64_t heads, const AttentionOptions& options = {});
+
 /// The plain reference: libtorch ops with the whole (I, J) matrix (tests and benchmark baseline).
 at::Tensor plain_cosine_sim_attention(const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, AttentionOptions options = {});

@@ -14,6 +14,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace flashcos::detail {
 
 struct CoreArgs {
@@ -41,11 +43,29 @@ BackwardResult tiled_backward(const at::Tensor& dout, const at::Tensor& q, const
                               const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args);
 
 // Fused CUDA kernels (attention/cuda_ops.cpp). Throw a c10::Error in a build without CUDA.
+// o_out: where to write o ((B, H, I, D), q's dtype, any strides the kernels take), else allocated.
+// dq_float: for fp16 / bf16 inputs, return dq as the kernels' float32 accumulator (no rounding
+// pass; the packed path's l2norm backward reads it).
 ForwardResult fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args);
+                            const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
+                            const at::Tensor& o_out = {});
 BackwardResult fused_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                               const at::Tensor& v, const at::Tensor& o, const at::Tensor& l,
-                              const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args);
+                              const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
+                              bool dq_float = false);
+
+// Fused l2norm on CUDA (attention/cuda/l2norm.h), for tensors of 1..4 dims with a contiguous last
+// dim: y = x / max(|x_g|, 1e-12) per group. supported(): dtype fp16 / bf16 / fp32, group size a
+// multiple of 8 with group size / 8 a power of two <= 32, 16-byte aligned data and strides.
+bool l2norm_cuda_supported(const at::Tensor& x, int64_t groups);
+// Returns y (written into y_out when given) and r = 1 / max(|x_g|, eps): x.shape[:-1] + (groups,)
+// float32, contiguous.
+std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64_t groups,
+                                                      const at::Tensor& y_out = {});
+// dx for the incoming dy (any float dtype / strides), from x and the forward's r (y recomputed in
+// float32); written into dx_out when given (x's shape and dtype, 16-byte aligned strides).
+at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r, int64_t groups,
+                                const at::Tensor& dx_out = {});
 // Head dims the fused kernels support (16, 32, 64, 80, 96, 128).
 bool fused_supports_head_dim(int64_t d);
 

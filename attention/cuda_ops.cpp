@@ -184,7 +184,8 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
 }  // namespace
 
 ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                            const at::Tensor& mask, const at::Tensor& bias_in, const CoreArgs& args) {
+                            const at::Tensor& mask, const at::Tensor& bias_in, const CoreArgs& args,
+                            const at::Tensor& o_out) {
   check_inputs("flashcos fused_forward", q_in, k_in, v_in, mask, bias_in, args);
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
@@ -192,7 +193,12 @@ ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, cons
   const at::Tensor bias = bias_in.defined() ? bias_in.to(acc) : bias_in;
 
   const int64_t B = q.size(0), H = q.size(1), I = q.size(2), D = q.size(3);
-  at::Tensor o = at::empty({B, H, I, D}, q.options());          // (B, H, I, D)
+  at::Tensor o = o_out.defined() ? o_out : at::empty({B, H, I, D}, q.options());  // (B, H, I, D)
+  TORCH_CHECK(o.sizes() == q.sizes() && o.scalar_type() == q.scalar_type() && o.device() == q.device() &&
+                  o.stride(3) == 1 && kernel_operand(o).is_same(o),
+              "flashcos fused_forward: o_out must be a ", q.sizes(), " ", q.scalar_type(),
+              " tensor with the kernels' strides (contiguous last dim, 16-byte aligned), got ", o.sizes(), " ",
+              o.scalar_type(), " strides ", o.strides());
   at::Tensor l;
   if (!args.exp_kind) l = at::empty({B, H, I}, q.options().dtype(acc));  // (B, H, I)
   poison(o);
@@ -204,7 +210,8 @@ ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, cons
 
 BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                               const at::Tensor& v_in, const at::Tensor& o_in, const at::Tensor& l,
-                              const at::Tensor& mask, const at::Tensor& bias_in, const CoreArgs& args) {
+                              const at::Tensor& mask, const at::Tensor& bias_in, const CoreArgs& args,
+                              bool dq_float) {
   const char* where = "flashcos fused_backward";
   check_inputs(where, q_in, k_in, v_in, mask, bias_in, args);
   TORCH_CHECK(dout_in.sizes() == q_in.sizes() && o_in.sizes() == q_in.sizes(), where,
@@ -227,8 +234,9 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   const auto acc_opts = q.options().dtype(acc);
   BwdBuffers buf;
   buf.delta = at::empty({B, H, I}, acc_opts);  // (B, H, I)
-  buf.dq = at::empty({B, H, I, D}, q.options());
-  if (is_16bit(q.scalar_type())) {
+  const bool accum = is_16bit(q.scalar_type());
+  if (!(accum && dq_float)) buf.dq = at::empty({B, H, I, D}, q.options());
+  if (accum) {
     buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
     buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);     // (B, H, I, D)
   }
@@ -243,8 +251,8 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
 
   BackwardResult r;
-  if (buf.dq_accum.defined()) buf.dq.copy_(buf.dq_accum);
-  r.dq = buf.dq;
+  if (buf.dq_accum.defined() && buf.dq.defined()) buf.dq.copy_(buf.dq_accum);
+  r.dq = buf.dq.defined() ? buf.dq : buf.dq_accum;
   r.dk = buf.dk;
   r.dv = buf.dv;
   if (bias_in.defined()) {
@@ -260,14 +268,14 @@ bool fused_supports_head_dim(int64_t d) { return fc::supports_head_dim(int(d)); 
 #else  // no CUDA in this build
 
 ForwardResult fused_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const CoreArgs&) {
+                            const at::Tensor&, const CoreArgs&, const at::Tensor&) {
   TORCH_CHECK(false, "flashcos: this build has no CUDA kernels (nvcc was not found at configure "
                      "time); use Backend::kTiled or kPlain");
 }
 
 BackwardResult fused_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                              const CoreArgs&) {
+                              const CoreArgs&, bool) {
   TORCH_CHECK(false, "flashcos: this build has no CUDA kernels; use Backend::kTiled or kPlain");
 }
 

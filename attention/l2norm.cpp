@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "attention/attention.h"
+#include "attention/core.h"
 
 namespace flashcos {
 namespace {
@@ -53,13 +54,35 @@ class L2NormFunction : public torch::autograd::Function<L2NormFunction> {
   }
 };
 
+// The fused CUDA kernels (attention/cuda/l2norm.h): one pass each way; saves x and r (y is
+// recomputed from them in float32 in the backward).
+class L2NormCudaFunction : public torch::autograd::Function<L2NormCudaFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t groups) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto [y, r] = detail::l2norm_cuda_forward(x, groups);
+    ctx->save_for_backward({x, r});
+    ctx->saved_data["groups"] = groups;
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto saved = ctx->get_saved_variables();
+    return {detail::l2norm_cuda_backward(grads[0], saved[0], saved[1], ctx->saved_data["groups"].toInt()),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor l2norm(const at::Tensor& t, int64_t groups) {
   TORCH_CHECK(t.dim() >= 1 && groups >= 1 && t.size(-1) % groups == 0, "flashcos l2norm: groups (", groups,
               ") must divide the last dim ", t.dim() >= 1 ? t.size(-1) : 0);
-  // On CUDA, x / |x| = rms_norm(x) / sqrt(gs): libtorch's fused RMSNorm does it in one pass each
-  // way (the op chain of L2NormFunction costs ~10 fp32 passes over q and k).
+  // On CUDA: our fused kernels where they apply (one pass each way, any 16-byte aligned strides),
+  // else x / |x| = rms_norm(x) / sqrt(gs) by libtorch's RMSNorm (the op chain of L2NormFunction
+  // costs ~10 fp32 passes over q and k).
+  if (detail::l2norm_cuda_supported(t, groups) && t.numel() > 0) return L2NormCudaFunction::apply(t, groups)[0];
   if (t.is_cuda() && at::isReducedFloatingType(t.scalar_type()) && t.numel() > 0) {
     return rms_l2norm(t, groups);
   }

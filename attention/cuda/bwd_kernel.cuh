@@ -94,9 +94,51 @@ __global__ void delta_kernel(const BwdParams p) {
   }
 }
 
+// The same for fp16 / bf16 with 16-byte loads: 16 lanes per row, lane t holds elements 8t .. 8t + 7
+// (D <= 128; the operands' rows are 16-byte aligned, attention/cuda_ops.cpp makes them so).
+template <typename T>
+__global__ void delta_kernel_16bit(const BwdParams p) {
+  const int64_t row = int64_t(blockIdx.x) * 16 + threadIdx.x / 16;
+  const int lane = threadIdx.x % 16;
+  const int64_t rows = int64_t(p.B) * p.H * p.I;
+  float acc = 0.f;
+  if (row < rows && !p.exp_kind && lane * 8 < p.D) {
+    const int i = int(row % p.I);
+    const int h = int((row / p.I) % p.H);
+    const int b = int(row / (int64_t(p.I) * p.H));
+    const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + b * p.o_b_stride +
+                                                     h * p.o_h_stride + int64_t(i) * p.o_i_stride + lane * 8);
+    const uint4 dv = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + b * p.do_b_stride +
+                                                     h * p.do_h_stride + int64_t(i) * p.do_i_stride + lane * 8);
+    const T* oe = reinterpret_cast<const T*>(&ov);
+    const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += float(oe[e]) * float(de[e]);
+  }
+#pragma unroll
+  for (int off = 8; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0 && row < rows) {
+    static_cast<float*>(p.delta)[row] = acc;
+    if (p.row_offset != nullptr) {
+      float c = 0.f;
+      if (!p.exp_kind) {
+        const float l = static_cast<const float*>(p.l)[row];
+        c = l > 0.f ? -p.scale * kLog2e - log2f(l) : -INFINITY;
+      }
+      static_cast<float*>(p.row_offset)[row] = c;
+    }
+  }
+}
+
 template <typename T, typename Acc>
 cudaError_t launch_delta(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.B) * p.H * p.I;
+  if constexpr (sizeof(T) == 2) {
+    if (p.D <= 128 && p.D % 8 == 0) {
+      delta_kernel_16bit<T><<<unsigned((rows + 15) / 16), 256, 0, stream>>>(p);
+      return cudaGetLastError();
+    }
+  }
   delta_kernel<T, Acc><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p);
   return cudaGetLastError();
 }

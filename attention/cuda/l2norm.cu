@@ -1,0 +1,175 @@
+// Fused l2norm forward / backward (attention/cuda/l2norm.h). One thread per 8 elements; the
+// gs / 8 threads of a group sit side by side in one warp and reduce with xor shuffles.
+#include "attention/cuda/l2norm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace flashcos::cuda {
+namespace {
+
+constexpr int kVec = 8;
+constexpr int kThreads = 256;
+
+struct Vec8 {
+  float v[kVec];
+};
+
+__device__ __forceinline__ Vec8 load8(const NormTensor& t, int64_t off) {
+  Vec8 out;
+  if (t.dtype == NormDType::kFloat) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(t.ptr) + off);
+    const float4 a = p[0], b = p[1];
+    out.v[0] = a.x, out.v[1] = a.y, out.v[2] = a.z, out.v[3] = a.w;
+    out.v[4] = b.x, out.v[5] = b.y, out.v[6] = b.z, out.v[7] = b.w;
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(t.ptr) + off);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (t.dtype == NormDType::kHalf) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        out.v[2 * i] = f.x, out.v[2 * i + 1] = f.y;
+      } else {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+        out.v[2 * i] = f.x, out.v[2 * i + 1] = f.y;
+      }
+    }
+  }
+  return out;
+}
+
+__device__ __forceinline__ void store8(const NormTensor& t, int64_t off, const Vec8& in) {
+  if (t.dtype == NormDType::kFloat) {
+    float4* p = reinterpret_cast<float4*>(static_cast<float*>(const_cast<void*>(t.ptr)) + off);
+    p[0] = make_float4(in.v[0], in.v[1], in.v[2], in.v[3]);
+    p[1] = make_float4(in.v[4], in.v[5], in.v[6], in.v[7]);
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (t.dtype == NormDType::kHalf) {
+        const __half2 h = __floats2half2_rn(in.v[2 * i], in.v[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(in.v[2 * i], in.v[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(const_cast<void*>(t.ptr)) + off) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+__device__ __forceinline__ int64_t offset(const NormTensor& t, int64_t i0, int64_t i1, int64_t i2, int col) {
+  return i0 * t.s0 + i1 * t.s1 + i2 * t.s2 + col;
+}
+
+// Sum over the `width` (power of two) lanes of an aligned lane group. Every lane of the warp calls it.
+__device__ __forceinline__ float group_sum(float v, int width) {
+  for (int m = 1; m < width; m <<= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+struct Coord {
+  bool active;
+  int64_t i0, i1, i2;
+  int col, group;
+};
+
+__device__ __forceinline__ Coord coord(const L2NormParams& p) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int per_row = p.D / kVec;
+  const int64_t rows = p.n0 * p.n1 * p.n2;
+  Coord c;
+  c.active = t < rows * per_row;
+  const int64_t row = c.active ? t / per_row : 0;
+  c.col = int(t % per_row) * kVec;
+  c.group = c.col / (p.D / p.groups);
+  c.i2 = row % p.n2;
+  c.i1 = (row / p.n2) % p.n1;
+  c.i0 = row / (p.n2 * p.n1);
+  return c;
+}
+
+__device__ __forceinline__ int64_t r_index(const L2NormParams& p, const Coord& c) {
+  return ((c.i0 * p.n1 + c.i1) * p.n2 + c.i2) * p.groups + c.group;
+}
+
+__global__ void __launch_bounds__(kThreads) l2norm_fwd_kernel(const L2NormParams p) {
+  const Coord c = coord(p);
+  const int width = p.D / p.groups / kVec;
+  Vec8 x{};
+  if (c.active) x = load8(p.x, offset(p.x, c.i0, c.i1, c.i2, c.col));
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) ss += x.v[e] * x.v[e];
+  ss = group_sum(ss, width);
+  const float r = rsqrtf(fmaxf(ss, p.eps * p.eps));
+  if (!c.active) return;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) x.v[e] *= r;
+  store8(p.y, offset(p.y, c.i0, c.i1, c.i2, c.col), x);
+  if (c.col % (width * kVec) == 0) p.r[r_index(p, c)] = r;
+}
+
+__global__ void __launch_bounds__(kThreads) l2norm_bwd_kernel(const L2NormParams p) {
+  const Coord c = coord(p);
+  const int width = p.D / p.groups / kVec;
+  Vec8 x{}, dy{};
+  float r = 0.f;
+  if (c.active) {
+    x = load8(p.x, offset(p.x, c.i0, c.i1, c.i2, c.col));
+    dy = load8(p.dy, offset(p.dy, c.i0, c.i1, c.i2, c.col));
+    r = p.r[r_index(p, c)];
+  }
+  float s = 0.f, ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    s += dy.v[e] * (x.v[e] * r);
+    ss += x.v[e] * x.v[e];
+  }
+  s = group_sum(s, width);
+  ss = group_sum(ss, width);
+  if (!c.active) return;
+  // Where the norm was clamped to eps, y = x r is not on the sphere and the projection term is
+  // dropped (dx = r dy), as in the libtorch path.
+  const float proj = ss > p.eps * p.eps ? s : 0.f;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) dy.v[e] = r * (dy.v[e] - x.v[e] * r * proj);
+  store8(p.dx, offset(p.dx, c.i0, c.i1, c.i2, c.col), dy);
+}
+
+cudaError_t launch(void (*kernel)(L2NormParams), const L2NormParams& p, cudaStream_t stream) {
+  const int64_t threads = p.n0 * p.n1 * p.n2 * (p.D / kVec);
+  if (threads == 0) return cudaSuccess;
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool l2norm_aligned(const NormTensor& t) {
+  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.s0 % kVec == 0 && t.s1 % kVec == 0 && t.s2 % kVec == 0;
+}
+
+bool l2norm_supported(const L2NormParams& p) {
+  if (p.groups < 1 || p.D < kVec || p.D % p.groups != 0) return false;
+  const int gs = p.D / p.groups;
+  const int width = gs / kVec;
+  return gs % kVec == 0 && width <= 32 && (width & (width - 1)) == 0 && l2norm_aligned(p.x);
+}
+
+cudaError_t run_l2norm_fwd(const L2NormParams& p, cudaStream_t stream) {
+  if (!l2norm_supported(p) || !l2norm_aligned(p.y) || p.r == nullptr) return cudaErrorInvalidValue;
+  return launch(l2norm_fwd_kernel, p, stream);
+}
+
+cudaError_t run_l2norm_bwd(const L2NormParams& p, cudaStream_t stream) {
+  if (!l2norm_supported(p) || !l2norm_aligned(p.dy) || !l2norm_aligned(p.dx) || p.r == nullptr) return cudaErrorInvalidValue;
+  return launch(l2norm_bwd_kernel, p, stream);
+}
+
+}  // namespace flashcos::cuda

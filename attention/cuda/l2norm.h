@@ -1,0 +1,43 @@
+// Torch-free parameters of the fused l2norm kernels (attention/cuda/l2norm.cu):
+//   y = x r,  r = 1 / max(|x_g|, eps)  per group g of `gs` consecutive elements of the last dim;
+//   dx = r (dy - y sum_g(dy y))  where |x_g| > eps, else r dy   (y recomputed from x in fp32).
+// Tensors are 4-D (n0, n1, n2, D) with a contiguous last dim and any other strides (elements);
+// r is (n0, n1, n2, groups) float32, contiguous. Used by the packed attention (no copies of the
+// q / k views of a fused projection) and by l2norm() for fp16 / bf16 / fp32 CUDA tensors.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashcos::cuda {
+
+enum class NormDType { kHalf, kBFloat16, kFloat };
+
+struct NormTensor {
+  const void* ptr = nullptr;
+  NormDType dtype = NormDType::kBFloat16;
+  int64_t s0 = 0, s1 = 0, s2 = 0;  // element strides of dims 0..2 (dim 3 contiguous)
+};
+
+struct L2NormParams {
+  int64_t n0 = 0, n1 = 0, n2 = 0;
+  int D = 0, groups = 1;
+  float eps = 1e-12f;
+  NormTensor x;        // input (both directions)
+  NormTensor y;        // forward output (ptr written through)
+  NormTensor dy;       // backward: incoming gradient
+  NormTensor dx;       // backward output (ptr written through)
+  float* r = nullptr;  // forward writes it, backward reads it
+};
+
+// The kernels take 8 consecutive elements per thread with 16-byte loads (32-byte for fp32): D and
+// the group size a multiple of 8, group size / 8 a power of two up to 32, every pointer 16-byte
+// aligned (32 for fp32 is not needed: two 16-byte loads) and every stride a multiple of 8.
+bool l2norm_supported(const L2NormParams& p);  // shape, groups and x's alignment
+bool l2norm_aligned(const NormTensor& t);
+
+cudaError_t run_l2norm_fwd(const L2NormParams& p, cudaStream_t stream);
+cudaError_t run_l2norm_bwd(const L2NormParams& p, cudaStream_t stream);
+
+}  // namespace flashcos::cuda

@@ -1,0 +1,123 @@
+// The torch side of the fused l2norm kernels (attention/cuda/l2norm.h): tensors in, Params out,
+// one launch on the current stream, every CUDA call checked.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "attention/core.h"
+
+#ifdef FLASHCOS_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "attention/cuda/l2norm.h"
+#endif
+
+namespace flashcos::detail {
+
+#ifdef FLASHCOS_WITH_CUDA
+namespace {
+
+namespace fc = flashcos::cuda;
+
+bool norm_dtype(at::ScalarType t, fc::NormDType& out) {
+  switch (t) {
+    case at::kHalf: out = fc::NormDType::kHalf; return true;
+    case at::kBFloat16: out = fc::NormDType::kBFloat16; return true;
+    case at::kFloat: out = fc::NormDType::kFloat; return true;
+    default: return false;
+  }
+}
+
+// t as the kernels' 4-D view: (n0, n1, n2, D) with leading size-1 dims for fewer than 4 dims.
+bool describe(const at::Tensor& t, fc::NormTensor& out) {
+  if (t.dim() < 1 || t.dim() > 4 || !norm_dtype(t.scalar_type(), out.dtype)) return false;
+  if (t.stride(-1) != 1 && t.size(-1) > 1) return false;
+  int64_t s[3] = {0, 0, 0};
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) s[3 - (t.dim() - 1) + d] = t.size(d) == 1 ? 0 : t.stride(d);
+  out.ptr = t.data_ptr();
+  out.s0 = s[0], out.s1 = s[1], out.s2 = s[2];
+  return true;
+}
+
+fc::L2NormParams shape_params(const at::Tensor& x, int64_t groups) {
+  fc::L2NormParams p;
+  int64_t n[3] = {1, 1, 1};
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) n[3 - (x.dim() - 1) + d] = x.size(d);
+  p.n0 = n[0], p.n1 = n[1], p.n2 = n[2];
+  p.D = int(x.size(-1));
+  p.groups = int(groups);
+  return p;
+}
+
+std::vector<int64_t> r_sizes(const at::Tensor& x, int64_t groups) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = groups;
+  return sizes;
+}
+
+}  // namespace
+
+bool l2norm_cuda_supported(const at::Tensor& x, int64_t groups) {
+  if (!x.is_cuda() || x.dim() < 1 || x.dim() > 4 || groups < 1 || x.size(-1) % groups != 0) return false;
+  if (x.size(-1) > std::numeric_limits<int>::max()) return false;
+  fc::L2NormParams p = shape_params(x, groups);
+  return describe(x, p.x) && fc::l2norm_supported(p);
+}
+
+std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64_t groups, const at::Tensor& y_out) {
+  TORCH_CHECK(l2norm_cuda_supported(x, groups), "flashcos l2norm_cuda_forward: unsupported input ", x.sizes(), " ",
+              x.scalar_type(), " with ", groups, " groups");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = y_out.defined() ? y_out : at::empty(x.sizes(), x.options());
+  TORCH_CHECK(y.sizes() == x.sizes() && y.scalar_type() == x.scalar_type() && y.device() == x.device(),
+              "flashcos l2norm_cuda_forward: y must match x");
+  at::Tensor r = at::empty(r_sizes(x, groups), x.options().dtype(at::kFloat));
+  fc::L2NormParams p = shape_params(x, groups);
+  describe(x, p.x);
+  TORCH_CHECK(describe(y, p.y), "flashcos l2norm_cuda_forward: y needs a contiguous last dim");
+  p.r = r.data_ptr<float>();
+  C10_CUDA_CHECK(fc::run_l2norm_fwd(p, c10::cuda::getCurrentCUDAStream()));
+  return {y, r};
+}
+
+at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r, int64_t groups,
+                                const at::Tensor& dx_out) {
+  TORCH_CHECK(l2norm_cuda_supported(x, groups), "flashcos l2norm_cuda_backward: unsupported input ", x.sizes(),
+              " ", x.scalar_type(), " with ", groups, " groups");
+  TORCH_CHECK(dy.sizes() == x.sizes() && dy.device() == x.device(), "flashcos l2norm_cuda_backward: dy ",
+              dy.sizes(), " must match x ", x.sizes());
+  TORCH_CHECK(r.is_contiguous() && r.scalar_type() == at::kFloat && r.sizes() == at::IntArrayRef(r_sizes(x, groups)),
+              "flashcos l2norm_cuda_backward: r must be the forward's contiguous float32 (..., groups) tensor");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor dx = dx_out.defined() ? dx_out : at::empty(x.sizes(), x.options());
+  TORCH_CHECK(dx.sizes() == x.sizes() && dx.scalar_type() == x.scalar_type() && dx.device() == x.device(),
+              "flashcos l2norm_cuda_backward: dx must match x");
+  fc::L2NormParams p = shape_params(x, groups);
+  describe(x, p.x);
+  at::Tensor dy_k = dy;
+  if (!describe(dy_k, p.dy) || !fc::l2norm_aligned(p.dy)) {
+    dy_k = dy.contiguous();
+    describe(dy_k, p.dy);
+  }
+  TORCH_CHECK(describe(dx, p.dx), "flashcos l2norm_cuda_backward: dx needs a contiguous last dim");
+  p.r = const_cast<float*>(r.data_ptr<float>());
+  C10_CUDA_CHECK(fc::run_l2norm_bwd(p, c10::cuda::getCurrentCUDAStream()));
+  return dx;
+}
+
+#else  // no CUDA in this build
+
+bool l2norm_cuda_supported(const at::Tensor&, int64_t) { return false; }
+
+std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor&, int64_t, const at::Tensor&) {
+  TORCH_CHECK(false, "flashcos: this build has no CUDA kernels");
+}
+
+at::Tensor l2norm_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&) {
+  TORCH_CHECK(false, "flashcos: this build has no CUDA kernels");
+}
+
+#endif
+
+}  // namespace flashcos::detail

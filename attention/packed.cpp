@@ -1,0 +1,112 @@
+// cosine_sim_attention_packed: q, k, v as the three thirds of one projection (B, T, 3 H D).
+//
+// Every backend gets the same answer as splitting qkv into (B, H, T, D) views and calling
+// cosine_sim_attention. The fused CUDA backend with l2norm_qk, no mask and no bias takes a path
+// without layout copies, one autograd Function for the whole thing:
+//   forward:  fused l2norm of the q and k views into (B, H, T, D) buffers (attention/cuda/l2norm.h),
+//             the attention kernel with v read in place and o written in (B, T, H, D) order, so
+//             the (B, T, H D) result is a view;
+//   backward: the attention backward with dQ kept in its float32 accumulator, then the l2norm
+//             backward writes dq and dk straight into the packed (B, T, 3 H D) gradient, and dv is
+//             copied beside them: one gradient tensor, no zero-filled slices to add up.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+
+#include "attention/attention.h"
+#include "attention/core.h"
+
+namespace flashcos {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The (B, H, T, D) view of part `which` (0 q, 1 k, 2 v) of a (B, T, 3 H D) tensor.
+at::Tensor part(const at::Tensor& packed, int64_t heads, int64_t which) {
+  const int64_t B = packed.size(0), T = packed.size(1), D = packed.size(2) / (3 * heads);
+  return packed.view({B, T, 3, heads, D}).select(2, which).permute({0, 2, 1, 3});
+}
+
+void poison_if_asked(at::Tensor& t) {
+  const char* env = std::getenv("FLASHCOS_POISON");
+  if (env != nullptr && env[0] == '1') t.fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
+class PackedAttentionFunction : public torch::autograd::Function<PackedAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads, bool causal,
+                               double scale, int64_t groups) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
+    const at::Tensor q = part(qkv, heads, 0), k = part(qkv, heads, 1), v = part(qkv, heads, 2);
+    auto [qn, rq] = detail::l2norm_cuda_forward(q, groups, at::empty({B, heads, T, D}, qkv.options()));
+    auto [kn, rk] = detail::l2norm_cuda_forward(k, groups, at::empty({B, heads, T, D}, qkv.options()));
+    const at::Tensor o_btHd = at::empty({B, T, heads, D}, qkv.options());
+    detail::CoreArgs args;
+    args.causal = causal;
+    args.scale = scale;
+    const auto r = detail::fused_forward(qn, kn, v, {}, {}, args, o_btHd.permute({0, 2, 1, 3}));
+    ctx->save_for_backward({qkv, qn, kn, rq, rk, r.o, r.l});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["groups"] = groups;
+    return {o_btHd.view({B, T, heads * D})};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto saved = ctx->get_saved_variables();
+    const auto &qkv = saved[0], &qn = saved[1], &kn = saved[2], &rq = saved[3], &rk = saved[4], &o = saved[5],
+               &l = saved[6];
+    const int64_t heads = ctx->saved_data["heads"].toInt(), groups = ctx->saved_data["groups"].toInt();
+    detail::CoreArgs args;
+    args.causal = ctx->saved_data["causal"].toBool();
+    args.scale = ctx->saved_data["scale"].toDouble();
+    const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
+    at::Tensor dout = grad_outputs[0];
+    if (!dout.defined()) dout = at::zeros({B, T, heads * D}, qkv.options());
+    dout = dout.reshape({B, T, heads, D}).permute({0, 2, 1, 3});
+    const auto g = detail::fused_backward(dout, qn, kn, part(qkv, heads, 2), o, l, {}, {}, args,
+                                          /*dq_float=*/true);
+    at::Tensor dqkv = at::empty(qkv.sizes(), qkv.options());
+    poison_if_asked(dqkv);
+    detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0));
+    detail::l2norm_cuda_backward(g.dk, part(qkv, heads, 1), rk, groups, part(dqkv, heads, 1));
+    part(dqkv, heads, 2).copy_(g.dv);
+    return {dqkv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor cosine_sim_attention_packed(const at::Tensor& qkv, int64_t heads, const AttentionOptions& options) {
+  TORCH_CHECK(qkv.defined() && qkv.dim() == 3, "flashcos cosine_sim_attention_packed: qkv must be (B, T, 3 * heads * D), got ",
+              qkv.defined() ? c10::str(qkv.sizes()) : std::string("an undefined tensor"));
+  TORCH_CHECK(heads >= 1 && qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0,
+              "flashcos cosine_sim_attention_packed: qkv's last dim ", qkv.size(2), " must be 3 * heads * D with heads = ",
+              heads);
+  TORCH_CHECK(qkv.stride(2) == 1 || qkv.size(2) == 1,
+              "flashcos cosine_sim_attention_packed: qkv needs a contiguous last dim, got strides ", qkv.strides());
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
+  Backend backend = options.backend();
+  if (backend == Backend::kAuto) backend = qkv.is_cuda() ? Backend::kFused : Backend::kTiled;
+  const bool fast = backend == Backend::kFused && qkv.is_cuda() && fused_kernels_compiled() &&
+                    options.kind() == AttentionKind::kCosine && options.l2norm_qk() && !options.mask().defined() &&
+                    !options.attn_bias().defined() && at::isReducedFloatingType(qkv.scalar_type()) &&
+                    detail::fused_supports_head_dim(D) && B * T > 0 &&
+                    detail::l2norm_cuda_supported(part(qkv, heads, 0), options.groups()) &&
+                    detail::l2norm_cuda_supported(part(qkv, heads, 1), options.groups());
+  if (!fast) {
+    // The general path: three views, the public entry point (validation, every backend), heads merged.
+    const auto o = cosine_sim_attention(part(qkv, heads, 0), part(qkv, heads, 1), part(qkv, heads, 2), options);
+    return o.transpose(1, 2).reshape({B, T, heads * D});
+  }
+  TORCH_CHECK(options.groups() >= 1 && D % options.groups() == 0, "flashcos cosine_sim_attention_packed: groups (",
+              options.groups(), ") must divide the head dim ", D);
+  return PackedAttentionFunction::apply(qkv, heads, options.causal(), options.scale(), options.groups())[0];
+}
+
+}  // namespace flashcos
