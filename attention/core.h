@@ -45,14 +45,15 @@ BackwardResult tiled_backward(const at::Tensor& dout, const at::Tensor& q, const
 // Fused CUDA kernels (attention/cuda_ops.cpp). Throw a c10::Error in a build without CUDA.
 // o_out: where to write o ((B, H, I, D), q's dtype, any strides the kernels take), else allocated.
 // dq_float: for fp16 / bf16 inputs, return dq as the kernels' float32 accumulator (no rounding
-// pass; the packed path's l2norm backward reads it).
+// pass; the packed path's l2norm backward reads it). dv_out: where to write dv (v's shape, the
+// kernels' strides), else allocated.
 ForwardResult fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
                             const at::Tensor& o_out = {});
 BackwardResult fused_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                               const at::Tensor& v, const at::Tensor& o, const at::Tensor& l,
                               const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
-                              bool dq_float = false);
+                              bool dq_float = false, const at::Tensor& dv_out = {});
 
 // Fused l2norm on CUDA (attention/cuda/l2norm.h), for tensors of 1..4 dims with a contiguous last
 // dim: y = x / max(|x_g|, 1e-12) per group. supported(): dtype fp16 / bf16 / fp32, group size a

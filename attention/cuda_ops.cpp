@@ -177,6 +177,8 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
   p.dq = buf.dq_accum.defined() ? nullptr : buf.dq.data_ptr();
   p.dk = buf.dk.data_ptr();
   p.dv = buf.dv.data_ptr();
+  p.dk_b_stride = buf.dk.stride(0), p.dk_h_stride = buf.dk.stride(1), p.dk_j_stride = buf.dk.stride(2);
+  p.dv_b_stride = buf.dv.stride(0), p.dv_h_stride = buf.dv.stride(1), p.dv_j_stride = buf.dv.stride(2);
   p.dbias_accum = buf.dbias_accum.defined() ? buf.dbias_accum.data_ptr() : nullptr;
   return p;
 }
@@ -211,7 +213,7 @@ ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, cons
 BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                               const at::Tensor& v_in, const at::Tensor& o_in, const at::Tensor& l,
                               const at::Tensor& mask, const at::Tensor& bias_in, const CoreArgs& args,
-                              bool dq_float) {
+                              bool dq_float, const at::Tensor& dv_out) {
   const char* where = "flashcos fused_backward";
   check_inputs(where, q_in, k_in, v_in, mask, bias_in, args);
   TORCH_CHECK(dout_in.sizes() == q_in.sizes() && o_in.sizes() == q_in.sizes(), where,
@@ -241,7 +243,12 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
     buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);     // (B, H, I, D)
   }
   buf.dk = at::empty({B, Hkv, J, D}, q.options());
-  buf.dv = at::empty({B, Hkv, J, D}, q.options());
+  buf.dv = dv_out.defined() ? dv_out : at::empty({B, Hkv, J, D}, q.options());
+  TORCH_CHECK(buf.dv.sizes() == v.sizes() && buf.dv.scalar_type() == q.scalar_type() &&
+                  buf.dv.device() == q.device() && buf.dv.stride(3) == 1 && kernel_operand(buf.dv).is_same(buf.dv),
+              where, ": dv_out must be a ", v.sizes(), " ", q.scalar_type(),
+              " tensor with the kernels' strides (contiguous last dim, 16-byte aligned), got ", buf.dv.sizes(), " ",
+              buf.dv.scalar_type(), " strides ", buf.dv.strides());
   if (bias.defined()) buf.dbias_accum = at::zeros({bias.size(0), I, J}, acc_opts);
   poison(buf.dq);
   poison(buf.dk);
@@ -275,7 +282,7 @@ ForwardResult fused_forward(const at::Tensor&, const at::Tensor&, const at::Tens
 
 BackwardResult fused_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                              const CoreArgs&, bool) {
+                              const CoreArgs&, bool, const at::Tensor&) {
   TORCH_CHECK(false, "flashcos: this build has no CUDA kernels; use Backend::kTiled or kPlain");
 }
 

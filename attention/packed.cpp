@@ -7,8 +7,8 @@
 //             the attention kernel with v read in place and o written in (B, T, H, D) order, so
 //             the (B, T, H D) result is a view;
 //   backward: the attention backward with dQ kept in its float32 accumulator, then the l2norm
-//             backward writes dq and dk straight into the packed (B, T, 3 H D) gradient, and dv is
-//             copied beside them: one gradient tensor, no zero-filled slices to add up.
+//             backward writes dq and dk straight into the packed (B, T, 3 H D) gradient, the
+//             attention kernel writes dv there: one gradient tensor, no zero-filled slices to add up.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -69,13 +69,12 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     at::Tensor dout = grad_outputs[0];
     if (!dout.defined()) dout = at::zeros({B, T, heads * D}, qkv.options());
     dout = dout.reshape({B, T, heads, D}).permute({0, 2, 1, 3});
-    const auto g = detail::fused_backward(dout, qn, kn, part(qkv, heads, 2), o, l, {}, {}, args,
-                                          /*dq_float=*/true);
     at::Tensor dqkv = at::empty(qkv.sizes(), qkv.options());
     poison_if_asked(dqkv);
+    const auto g = detail::fused_backward(dout, qn, kn, part(qkv, heads, 2), o, l, {}, {}, args,
+                                          /*dq_float=*/true, /*dv_out=*/part(dqkv, heads, 2));
     detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0));
     detail::l2norm_cuda_backward(g.dk, part(qkv, heads, 1), rk, groups, part(dqkv, heads, 1));
-    part(dqkv, heads, 2).copy_(g.dv);
     return {dqkv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -382,14 +382,13 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
     }
   }
 
-  // dK = scale dS^T Q, dV: (B, Hkv, J, D) contiguous.
-  const int64_t kv_base = (int64_t(b) * p.Hkv + hkv) * J;
+  // dK = scale dS^T Q, dV: (B, Hkv, J, D) with their strides.
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
     const int c = n0 + warp * 16 + g + 8 * e0;
     if (c >= J) continue;
-    T* gdK = static_cast<T*>(p.dk) + (kv_base + c) * D;
-    T* gdV = static_cast<T*>(p.dv) + (kv_base + c) * D;
+    T* gdK = static_cast<T*>(p.dk) + b * p.dk_b_stride + hkv * p.dk_h_stride + int64_t(c) * p.dk_j_stride;
+    T* gdV = static_cast<T*>(p.dv) + b * p.dv_b_stride + hkv * p.dv_h_stride + int64_t(c) * p.dv_j_stride;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) {
       *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =

@@ -66,8 +66,10 @@ struct BwdParams : CommonParams {
   // caller, already multiplied by scale; the fp32/fp64 kernels write dq directly.
   void* dq_accum = nullptr;
   void* dq = nullptr;  // (B, H, I, D) contiguous, fp32/fp64 kernels only
-  void* dk = nullptr;  // (B, Hkv, J, D) contiguous
-  void* dv = nullptr;  // (B, Hkv, J, D) contiguous
+  void* dk = nullptr;  // (B, Hkv, J, D), strides below (16-bit kernels: multiples of 8, 16-byte aligned)
+  void* dv = nullptr;  // (B, Hkv, J, D), strides below
+  int64_t dk_b_stride = 0, dk_h_stride = 0, dk_j_stride = 0;
+  int64_t dv_b_stride = 0, dv_h_stride = 0, dv_j_stride = 0;
   // (H or B, I, J) contiguous accumulator type, zeroed by the caller; nullptr without bias.
   void* dbias_accum = nullptr;
 };

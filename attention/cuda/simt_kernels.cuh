@@ -157,11 +157,12 @@ __global__ void __launch_bounds__(simt::kThreads) simt_dkdv_kernel(const BwdPara
     }
   }
   if (c >= J) return;
-  const int64_t base = ((int64_t(b) * p.Hkv + hkv) * J + c) * D + sub * kDS;
+  T* gdk = static_cast<T*>(p.dk) + b * p.dk_b_stride + hkv * p.dk_h_stride + int64_t(c) * p.dk_j_stride + sub * kDS;
+  T* gdv = static_cast<T*>(p.dv) + b * p.dv_b_stride + hkv * p.dv_h_stride + int64_t(c) * p.dv_j_stride + sub * kDS;
 #pragma unroll
   for (int e = 0; e < kDS; ++e) {
-    static_cast<T*>(p.dk)[base + e] = dk[e] * scale;
-    static_cast<T*>(p.dv)[base + e] = dv[e];
+    gdk[e] = dk[e] * scale;
+    gdv[e] = dv[e];
   }
 }
 

@@ -304,13 +304,12 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   }
   cp_async_wait<0>();
 
-  const int64_t kv_base = (int64_t(b) * p.Hkv + hkv) * J;
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
     const int c = n0 + key_local0 + 8 * e0;
     if (c >= J) continue;
-    T* gdK = static_cast<T*>(p.dk) + (kv_base + c) * D;
-    T* gdV = static_cast<T*>(p.dv) + (kv_base + c) * D;
+    T* gdK = static_cast<T*>(p.dk) + b * p.dk_b_stride + hkv * p.dk_h_stride + int64_t(c) * p.dk_j_stride;
+    T* gdV = static_cast<T*>(p.dv) + b * p.dv_b_stride + hkv * p.dv_h_stride + int64_t(c) * p.dv_j_stride;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
