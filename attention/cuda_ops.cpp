@@ -143,6 +143,7 @@ void fill_common(fc::CommonParams& p, const at::Tensor& q, const at::Tensor& k, 
   p.exp_kind = args.exp_kind;
   p.scale = float(args.scale);
   p.scale_d = args.scale;
+  p.qk_max = static_cast<float>(args.qk_max);
 }
 
 fc::FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -97,7 +97,7 @@ at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const
   describe(x, p.x);
   at::Tensor dy_k = dy;
   if (!describe(dy_k, p.dy) || !fc::l2norm_aligned(p.dy)) {
-    dy_k = dy.contiguous();
+    dy_k = dy.clone(at::MemoryFormat::Contiguous);  // fresh, so 16-byte aligned
     describe(dy_k, p.dy);
   }
   TORCH_CHECK(describe(dx, p.dx), "flashcos l2norm_cuda_backward: dx needs a contiguous last dim");

@@ -43,17 +43,20 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     const at::Tensor q = part(qkv, heads, 0), k = part(qkv, heads, 1), v = part(qkv, heads, 2);
     auto [qn, rq] = detail::l2norm_cuda_forward(q, groups, at::empty({B, heads, T, D}, qkv.options()));
     auto [kn, rk] = detail::l2norm_cuda_forward(k, groups, at::empty({B, heads, T, D}, qkv.options()));
-    const at::Tensor o_btHd = at::empty({B, T, heads, D}, qkv.options());
+    // o is returned as allocated (a view made inside a custom Function could not be modified in
+    // place); the kernel writes it through its (B, H, T, D) view.
+    const at::Tensor o = at::empty({B, T, heads * D}, qkv.options());
     detail::CoreArgs args;
     args.causal = causal;
     args.scale = scale;
-    const auto r = detail::fused_forward(qn, kn, v, {}, {}, args, o_btHd.permute({0, 2, 1, 3}));
+    args.qk_max = static_cast<double>(groups);
+    const auto r = detail::fused_forward(qn, kn, v, {}, {}, args, o.view({B, T, heads, D}).permute({0, 2, 1, 3}));
     ctx->save_for_backward({qkv, qn, kn, rq, rk, r.o, r.l});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["groups"] = groups;
-    return {o_btHd.view({B, T, heads * D})};
+    return {o};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -65,6 +68,7 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     detail::CoreArgs args;
     args.causal = ctx->saved_data["causal"].toBool();
     args.scale = ctx->saved_data["scale"].toDouble();
+    args.qk_max = static_cast<double>(groups);
     const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
     at::Tensor dout = grad_outputs[0];
     if (!dout.defined()) dout = at::zeros({B, T, heads * D}, qkv.options());

@@ -38,6 +38,9 @@ struct CommonParams {
   bool exp_kind = false;  // P = exp(scale q.k + bias), o = P v, no l
   float scale = 10.f;
   double scale_d = 10.0;  // the same scale for the double kernels
+  // Upper bound of q . k for the cosine kind: 1 for l2-normalised q, k, the number of groups when
+  // they are normalised in groups, +inf without l2norm.
+  float qk_max = 1.f;
 };
 
 struct FwdParams : CommonParams {
@@ -75,10 +78,16 @@ struct BwdParams : CommonParams {
 };
 
 // Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the
-// two limits): fp16 with a bias or past scale 10.05, bf16 past scale 34; never for the exp kind.
+// limits): with q . k <= 1, fp16 with a bias or past scale 10.05, bf16 past scale 34; fp16
+// whenever q . k can pass 1 (P = exp(scale (q.k - 1)) above 1 overflows the fixed 2^15 shift),
+// bf16 once it can pass 2^100; never for the exp kind.
 inline bool fwd_needs_online(const CommonParams& p, bool is_half) {
-  const float span_log2 = 2.f * p.scale * 1.4426950408889634f;  // binades of exp(scale (cos - 1))
-  return !p.exp_kind && (is_half ? (p.bias != nullptr || span_log2 > 29.f) : span_log2 > 100.f);
+  if (p.exp_kind) return false;
+  const float k = p.scale * 1.4426950408889634f;
+  const float top_log2 = k * (p.qk_max - 1.f);   // log2 of the largest P
+  const float span_log2 = k * (p.qk_max + 1.f);  // binades from the largest to the smallest P
+  if (is_half) return p.bias != nullptr || top_log2 > 0.f || span_log2 > 29.f;
+  return top_log2 > 100.f || span_log2 > 100.f;
 }
 
 // The launchers (attention/cuda/launch.cu). They pick the kernel family for the inputs and the
