@@ -51,7 +51,9 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     args.scale = scale;
     args.qk_max = static_cast<double>(groups);
     const auto r = detail::fused_forward(qn, kn, v, {}, {}, args, o.view({B, T, heads, D}).permute({0, 2, 1, 3}));
-    ctx->save_for_backward({qkv, qn, kn, rq, rk, r.o, r.l});
+    // o itself is saved (the output; a saved no-grad view of it would break autograd's history
+    // rewrite of o), and viewed again in the backward.
+    ctx->save_for_backward({qkv, qn, kn, rq, rk, o, r.l});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
@@ -62,14 +64,14 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     auto saved = ctx->get_saved_variables();
-    const auto &qkv = saved[0], &qn = saved[1], &kn = saved[2], &rq = saved[3], &rk = saved[4], &o = saved[5],
-               &l = saved[6];
+    const auto &qkv = saved[0], &qn = saved[1], &kn = saved[2], &rq = saved[3], &rk = saved[4], &l = saved[6];
     const int64_t heads = ctx->saved_data["heads"].toInt(), groups = ctx->saved_data["groups"].toInt();
     detail::CoreArgs args;
     args.causal = ctx->saved_data["causal"].toBool();
     args.scale = ctx->saved_data["scale"].toDouble();
     args.qk_max = static_cast<double>(groups);
     const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
+    const at::Tensor o = saved[5].view({B, T, heads, D}).permute({0, 2, 1, 3});
     at::Tensor dout = grad_outputs[0];
     if (!dout.defined()) dout = at::zeros({B, T, heads * D}, qkv.options());
     dout = dout.reshape({B, T, heads, D}).permute({0, 2, 1, 3});
