@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,18 @@
 #include <vector>
 
 namespace flashcos::test {
+
+// Runs a test single-threaded (intra-op) and restores the thread count afterwards: the attention
+// suites run many tiny ops, where OpenMP threads only add synchronisation (~8x slower with 2
+// threads on a busy 2-core machine). Tests derive from it.
+class OneThread {
+ protected:
+  OneThread() : saved_(at::get_num_threads()) { at::set_num_threads(1); }
+  ~OneThread() { at::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
 
 enum class MaskMode { kNone, kRandom };
 enum class BiasMode { kNone, kHead, kBatch };

@@ -37,17 +37,6 @@ using flashcos::AttentionOptions;
 using flashcos::Backend;
 using namespace flashcos::test;
 
-// These suites run many tiny ops: intra-op threads only add synchronisation (the file runs ~8x
-// slower with 2 OpenMP threads on a busy 2-core machine), so each test runs single-threaded and
-// restores the thread count afterwards.
-class OneThread {
- protected:
-  OneThread() : saved_(at::get_num_threads()) { at::set_num_threads(1); }
-  ~OneThread() { at::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 // clang-format off
 std::vector<Case> all_cases() {

@@ -59,15 +59,6 @@ using namespace flashcos::test;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Single-threaded intra-op (as tests/test_attention_cpu.cpp: many tiny ops on a 2-core CI box).
-class OneThread {
- protected:
-  OneThread() : saved_(at::get_num_threads()) { at::set_num_threads(1); }
-  ~OneThread() { at::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 bool have_gpu() { return torch::cuda::is_available() && flashcos::fused_kernels_compiled(); }
 

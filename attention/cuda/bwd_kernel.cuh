@@ -62,8 +62,22 @@ struct BwdTile {
   }
 };
 
-// D_i = do_i . o_i in fp32 (one warp per row; 0 for the exp kind), and, when p.row_offset is
-// set, c_i = -scale log2e - log2 l_i (-inf for an empty row, 0 for the exp kind).
+// Writes D_i of `row` and, when p.row_offset is set, c_i = -scale log2e - log2 l_i (-inf for an
+// empty row, 0 for the exp kind).
+template <typename Acc>
+__device__ __forceinline__ void store_row_stats(const BwdParams& p, int64_t row, Acc delta) {
+  static_cast<Acc*>(p.delta)[row] = delta;
+  if (p.row_offset != nullptr) {
+    float c = 0.f;
+    if (!p.exp_kind) {
+      const float l = static_cast<const float*>(p.l)[row];
+      c = l > 0.f ? -p.scale * kLog2e - log2f(l) : -INFINITY;
+    }
+    static_cast<float*>(p.row_offset)[row] = c;
+  }
+}
+
+// D_i = do_i . o_i in fp32 (one warp per row; 0 for the exp kind), and c_i (store_row_stats).
 template <typename T, typename Acc>
 __global__ void delta_kernel(const BwdParams p) {
   const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
@@ -82,15 +96,7 @@ __global__ void delta_kernel(const BwdParams p) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
-    static_cast<Acc*>(p.delta)[row] = acc;
-    if (p.row_offset != nullptr) {
-      float c = 0.f;
-      if (!p.exp_kind) {
-        const float l = static_cast<const float*>(p.l)[row];
-        c = l > 0.f ? -p.scale * kLog2e - log2f(l) : -INFINITY;
-      }
-      static_cast<float*>(p.row_offset)[row] = c;
-    }
+    store_row_stats<Acc>(p, row, acc);
   }
 }
 
@@ -118,15 +124,7 @@ __global__ void delta_kernel_16bit(const BwdParams p) {
 #pragma unroll
   for (int off = 8; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0 && row < rows) {
-    static_cast<float*>(p.delta)[row] = acc;
-    if (p.row_offset != nullptr) {
-      float c = 0.f;
-      if (!p.exp_kind) {
-        const float l = static_cast<const float*>(p.l)[row];
-        c = l > 0.f ? -p.scale * kLog2e - log2f(l) : -INFINITY;
-      }
-      static_cast<float*>(p.row_offset)[row] = c;
-    }
+    store_row_stats<float>(p, row, acc);
   }
 }
 
