@@ -47,7 +47,8 @@ struct AttentionOptions {
   TORCH_ARG(at::Tensor, attn_bias) = {};
   /// attn_bias has a batch dimension (B, I, J) instead of a head dimension (H, I, J).
   TORCH_ARG(bool, attn_bias_batch_dim) = false;
-  /// l2-normalise q and k before the attention (cosine kind only).
+  /// l2-normalise q and k before the attention (cosine kind only). When false, the cosine kind takes
+  /// q, k as given and expects them unit-norm (|q.k| <= 1; fp16 overflows past that).
   TORCH_ARG(bool, l2norm_qk) = true;
   /// Number of groups of the feature dim that are l2-normalised separately.
   TORCH_ARG(int64_t, groups) = 1;

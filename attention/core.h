@@ -25,7 +25,7 @@ struct CoreArgs {
   bool bias_batch_dim = false;  // bias is (B, I, J) instead of (H, I, J)
   int64_t tile_size = 512;      // tiled path only
   // Upper bound of q . k (cosine kind): 1 for l2-normalised q, k; `groups` when each of the groups
-  // is normalised separately; +inf without l2norm. The 16-bit forward picks its fixed-offset or
+  // is normalised separately; 1 without l2norm (q, k are then taken as unit-norm). The 16-bit forward picks its fixed-offset or
   // online variant by it (fwd_needs_online in attention/cuda/params.h).
   double qk_max = 1.0;
 };

@@ -39,7 +39,7 @@ struct CommonParams {
   float scale = 10.f;
   double scale_d = 10.0;  // the same scale for the double kernels
   // Upper bound of q . k for the cosine kind: 1 for l2-normalised q, k, the number of groups when
-  // they are normalised in groups, +inf without l2norm.
+  // they are normalised in groups (without l2norm q, k count as unit-norm).
   float qk_max = 1.f;
 };
 
