@@ -12,10 +12,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,21 @@ class OneThread {
  private:
   int saved_;
 };
+
+// f() must throw a c10::Error whose message contains every one of `needles`; `what` (when given)
+// names the case in the failure output.
+inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles,
+                         const std::string& what = "") {
+  SCOPED_TRACE(what);
+  try {
+    f();
+    ADD_FAILURE() << "expected a c10::Error mentioning '" << needles.front() << "', nothing thrown";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    for (const std::string& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "message lacks '" << n << "': " << msg;
+  }
+}
 
 enum class MaskMode { kNone, kRandom };
 enum class BiasMode { kNone, kHead, kBatch };

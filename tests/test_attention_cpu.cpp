@@ -455,17 +455,6 @@ INSTANTIATE_TEST_SUITE_P(Cpu, AttentionFiniteDiff, ::testing::Values(Backend::kT
 
 // ---- validation --------------------------------------------------------------------------------
 
-// f() must throw a c10::Error whose message contains every one of `needles`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a c10::Error mentioning '" << needles.front() << "', nothing thrown";
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const std::string& n : needles)
-      EXPECT_NE(msg.find(n), std::string::npos) << "message lacks '" << n << "': " << msg;
-  }
-}
 
 struct Qkv {
   at::Tensor q, k, v;

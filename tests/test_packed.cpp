@@ -200,18 +200,6 @@ std::ostream& operator<<(std::ostream& os, const PartErr& e) {
   return os << "o " << e.o << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv;
 }
 
-// f() must throw a c10::Error whose message contains every one of `needles`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles, const std::string& what) {
-  SCOPED_TRACE(what);
-  try {
-    f();
-    ADD_FAILURE() << "expected a c10::Error mentioning '" << needles.front() << "', nothing thrown";
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const std::string& n : needles)
-      EXPECT_NE(msg.find(n), std::string::npos) << "message lacks '" << n << "': " << msg;
-  }
-}
 
 // ---- l2norm references ------------------------------------------------------------------------
 
