@@ -59,6 +59,10 @@ BackwardResult fused_backward(const at::Tensor& dout, const at::Tensor& q, const
                               const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
                               bool dq_float = false, const at::Tensor& dv_out = {});
 
+// FLASHCOS_POISON=1 in the environment (the tests set it): fills t with NaN, so that an output a
+// kernel leaves partly unwritten cannot pass. Called on every output before its kernel runs.
+void poison_if_requested(const at::Tensor& t);
+
 // Fused l2norm on CUDA (attention/cuda/l2norm.h), for tensors of 1..4 dims with a contiguous last
 // dim: y = x / max(|x_g|, 1e-12) per group. supported(): dtype fp16 / bf16 / fp32, group size a
 // multiple of 8 with group size / 8 a power of two <= 32, 16-byte aligned data and strides.

@@ -29,19 +29,15 @@
 
 namespace flashcos::detail {
 
+void poison_if_requested(const at::Tensor& t) {
+  const char* env = std::getenv("FLASHCOS_POISON");  // read each call: tests set it at run time
+  if (env != nullptr && env[0] == '1' && t.defined()) at::Tensor(t).fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
 #ifdef FLASHCOS_WITH_CUDA
 namespace {
 
 namespace fc = flashcos::cuda;
-
-bool poison_outputs() {
-  const char* env = std::getenv("FLASHCOS_POISON");
-  return env != nullptr && env[0] == '1';
-}
-
-void poison(at::Tensor& t) {
-  if (t.defined() && poison_outputs()) t.fill_(std::numeric_limits<double>::quiet_NaN());
-}
 
 bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
@@ -67,6 +63,16 @@ at::Tensor kernel_operand(const at::Tensor& t) {
   bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
   for (int64_t d = 0; d + 1 < t.dim(); ++d) ok = ok && (t.stride(d) % 8 == 0 || t.size(d) == 1);
   return ok ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+// An output the caller passes in (o_out, dv_out): `like`'s shape, dtype and device, and strides the
+// kernels can write through as they are.
+void check_output(const char* where, const char* name, const at::Tensor& out, const at::Tensor& like) {
+  TORCH_CHECK(out.sizes() == like.sizes() && out.scalar_type() == like.scalar_type() &&
+                  out.device() == like.device() && out.stride(-1) == 1 && kernel_operand(out).is_same(out),
+              where, ": ", name, " must be a ", like.sizes(), " ", like.scalar_type(),
+              " tensor with the kernels' strides (contiguous last dim, 16-byte aligned), got ", out.sizes(), " ",
+              out.scalar_type(), " strides ", out.strides());
 }
 
 void check_inputs(const char* where, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -197,15 +203,11 @@ ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, cons
 
   const int64_t B = q.size(0), H = q.size(1), I = q.size(2), D = q.size(3);
   at::Tensor o = o_out.defined() ? o_out : at::empty({B, H, I, D}, q.options());  // (B, H, I, D)
-  TORCH_CHECK(o.sizes() == q.sizes() && o.scalar_type() == q.scalar_type() && o.device() == q.device() &&
-                  o.stride(3) == 1 && kernel_operand(o).is_same(o),
-              "flashcos fused_forward: o_out must be a ", q.sizes(), " ", q.scalar_type(),
-              " tensor with the kernels' strides (contiguous last dim, 16-byte aligned), got ", o.sizes(), " ",
-              o.scalar_type(), " strides ", o.strides());
+  check_output("flashcos fused_forward", "o_out", o, q);
   at::Tensor l;
   if (!args.exp_kind) l = at::empty({B, H, I}, q.options().dtype(acc));  // (B, H, I)
-  poison(o);
-  poison(l);
+  poison_if_requested(o);
+  poison_if_requested(l);
   const fc::FwdParams p = make_fwd_params(q, k, v, mask, bias, args, o, l);
   C10_CUDA_CHECK(fc::run_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {o, l};
@@ -245,15 +247,11 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   }
   buf.dk = at::empty({B, Hkv, J, D}, q.options());
   buf.dv = dv_out.defined() ? dv_out : at::empty({B, Hkv, J, D}, q.options());
-  TORCH_CHECK(buf.dv.sizes() == v.sizes() && buf.dv.scalar_type() == q.scalar_type() &&
-                  buf.dv.device() == q.device() && buf.dv.stride(3) == 1 && kernel_operand(buf.dv).is_same(buf.dv),
-              where, ": dv_out must be a ", v.sizes(), " ", q.scalar_type(),
-              " tensor with the kernels' strides (contiguous last dim, 16-byte aligned), got ", buf.dv.sizes(), " ",
-              buf.dv.scalar_type(), " strides ", buf.dv.strides());
+  check_output(where, "dv_out", buf.dv, v);
   if (bias.defined()) buf.dbias_accum = at::zeros({bias.size(0), I, J}, acc_opts);
-  poison(buf.dq);
-  poison(buf.dk);
-  poison(buf.dv);
+  poison_if_requested(buf.dq);
+  poison_if_requested(buf.dk);
+  poison_if_requested(buf.dv);
 
   const fc::BwdParams p = make_bwd_params(dout, q, k, v, o, lc, mask, bias, args, buf);
   C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
@@ -265,7 +263,7 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   r.dv = buf.dv;
   if (bias_in.defined()) {
     r.dbias = at::empty(bias_in.sizes(), bias_in.options());
-    poison(r.dbias);
+    poison_if_requested(r.dbias);
     r.dbias.copy_(buf.dbias_accum);
   }
   return r;

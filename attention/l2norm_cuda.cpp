@@ -20,11 +20,11 @@ namespace {
 
 namespace fc = flashcos::cuda;
 
-bool norm_dtype(at::ScalarType t, fc::NormDType& out) {
+bool norm_dtype(at::ScalarType t, fc::DType& out) {
   switch (t) {
-    case at::kHalf: out = fc::NormDType::kHalf; return true;
-    case at::kBFloat16: out = fc::NormDType::kBFloat16; return true;
-    case at::kFloat: out = fc::NormDType::kFloat; return true;
+    case at::kHalf: out = fc::DType::kHalf; return true;
+    case at::kBFloat16: out = fc::DType::kBFloat16; return true;
+    case at::kFloat: out = fc::DType::kFloat; return true;
     default: return false;
   }
 }
@@ -76,6 +76,8 @@ std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64
   fc::L2NormParams p = shape_params(x, groups);
   describe(x, p.x);
   TORCH_CHECK(describe(y, p.y), "flashcos l2norm_cuda_forward: y needs a contiguous last dim");
+  poison_if_requested(y);
+  poison_if_requested(r);
   p.r = r.data_ptr<float>();
   C10_CUDA_CHECK(fc::run_l2norm_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {y, r};
@@ -95,12 +97,15 @@ at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const
               "flashcos l2norm_cuda_backward: dx must match x");
   fc::L2NormParams p = shape_params(x, groups);
   describe(x, p.x);
+  TORCH_CHECK(dy.scalar_type() == at::kHalf || dy.scalar_type() == at::kBFloat16 || dy.scalar_type() == at::kFloat,
+              "flashcos l2norm_cuda_backward: dy must be float16, bfloat16 or float32, got ", dy.scalar_type());
   at::Tensor dy_k = dy;
   if (!describe(dy_k, p.dy) || !fc::l2norm_aligned(p.dy)) {
     dy_k = dy.clone(at::MemoryFormat::Contiguous);  // fresh, so 16-byte aligned
     describe(dy_k, p.dy);
   }
   TORCH_CHECK(describe(dx, p.dx), "flashcos l2norm_cuda_backward: dx needs a contiguous last dim");
+  poison_if_requested(dx);
   p.r = const_cast<float*>(r.data_ptr<float>());
   C10_CUDA_CHECK(fc::run_l2norm_bwd(p, c10::cuda::getCurrentCUDAStream()));
   return dx;

@@ -12,8 +12,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <limits>
-
 #include "attention/attention.h"
 #include "attention/core.h"
 
@@ -29,9 +27,13 @@ at::Tensor part(const at::Tensor& packed, int64_t heads, int64_t which) {
   return packed.view({B, T, 3, heads, D}).select(2, which).permute({0, 2, 1, 3});
 }
 
-void poison_if_asked(at::Tensor& t) {
-  const char* env = std::getenv("FLASHCOS_POISON");
-  if (env != nullptr && env[0] == '1') t.fill_(std::numeric_limits<double>::quiet_NaN());
+// The fused core's arguments of the packed path (cosine kind, q, k l2-normalised in `groups`).
+detail::CoreArgs packed_args(bool causal, double scale, int64_t groups) {
+  detail::CoreArgs args;
+  args.causal = causal;
+  args.scale = scale;
+  args.qk_max = static_cast<double>(groups);
+  return args;
 }
 
 class PackedAttentionFunction : public torch::autograd::Function<PackedAttentionFunction> {
@@ -46,10 +48,7 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     // o is returned as allocated (a view made inside a custom Function could not be modified in
     // place); the kernel writes it through its (B, H, T, D) view.
     const at::Tensor o = at::empty({B, T, heads * D}, qkv.options());
-    detail::CoreArgs args;
-    args.causal = causal;
-    args.scale = scale;
-    args.qk_max = static_cast<double>(groups);
+    const detail::CoreArgs args = packed_args(causal, scale, groups);
     const auto r = detail::fused_forward(qn, kn, v, {}, {}, args, o.view({B, T, heads, D}).permute({0, 2, 1, 3}));
     // o itself is saved (the output; a saved no-grad view of it would break autograd's history
     // rewrite of o), and viewed again in the backward.
@@ -66,17 +65,15 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     auto saved = ctx->get_saved_variables();
     const auto &qkv = saved[0], &qn = saved[1], &kn = saved[2], &rq = saved[3], &rk = saved[4], &l = saved[6];
     const int64_t heads = ctx->saved_data["heads"].toInt(), groups = ctx->saved_data["groups"].toInt();
-    detail::CoreArgs args;
-    args.causal = ctx->saved_data["causal"].toBool();
-    args.scale = ctx->saved_data["scale"].toDouble();
-    args.qk_max = static_cast<double>(groups);
+    const detail::CoreArgs args =
+        packed_args(ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(), groups);
     const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
     const at::Tensor o = saved[5].view({B, T, heads, D}).permute({0, 2, 1, 3});
     at::Tensor dout = grad_outputs[0];
     if (!dout.defined()) dout = at::zeros({B, T, heads * D}, qkv.options());
     dout = dout.reshape({B, T, heads, D}).permute({0, 2, 1, 3});
     at::Tensor dqkv = at::empty(qkv.sizes(), qkv.options());
-    poison_if_asked(dqkv);
+    detail::poison_if_requested(dqkv);
     const auto g = detail::fused_backward(dout, qn, kn, part(qkv, heads, 2), o, l, {}, {}, args,
                                           /*dq_float=*/true, /*dv_out=*/part(dqkv, heads, 2));
     detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0));

@@ -17,7 +17,7 @@ struct Vec8 {
 
 __device__ __forceinline__ Vec8 load8(const NormTensor& t, int64_t off) {
   Vec8 out;
-  if (t.dtype == NormDType::kFloat) {
+  if (t.dtype == DType::kFloat) {
     const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(t.ptr) + off);
     const float4 a = p[0], b = p[1];
     out.v[0] = a.x, out.v[1] = a.y, out.v[2] = a.z, out.v[3] = a.w;
@@ -27,7 +27,7 @@ __device__ __forceinline__ Vec8 load8(const NormTensor& t, int64_t off) {
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (t.dtype == NormDType::kHalf) {
+      if (t.dtype == DType::kHalf) {
         const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
         out.v[2 * i] = f.x, out.v[2 * i + 1] = f.y;
       } else {
@@ -40,7 +40,7 @@ __device__ __forceinline__ Vec8 load8(const NormTensor& t, int64_t off) {
 }
 
 __device__ __forceinline__ void store8(const NormTensor& t, int64_t off, const Vec8& in) {
-  if (t.dtype == NormDType::kFloat) {
+  if (t.dtype == DType::kFloat) {
     float4* p = reinterpret_cast<float4*>(static_cast<float*>(const_cast<void*>(t.ptr)) + off);
     p[0] = make_float4(in.v[0], in.v[1], in.v[2], in.v[3]);
     p[1] = make_float4(in.v[4], in.v[5], in.v[6], in.v[7]);
@@ -48,7 +48,7 @@ __device__ __forceinline__ void store8(const NormTensor& t, int64_t off, const V
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (t.dtype == NormDType::kHalf) {
+      if (t.dtype == DType::kHalf) {
         const __half2 h = __floats2half2_rn(in.v[2 * i], in.v[2 * i + 1]);
         w[i] = *reinterpret_cast<const uint32_t*>(&h);
       } else {
@@ -152,7 +152,7 @@ cudaError_t launch(void (*kernel)(L2NormParams), const L2NormParams& p, cudaStre
 }  // namespace
 
 bool l2norm_aligned(const NormTensor& t) {
-  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.s0 % kVec == 0 && t.s1 % kVec == 0 && t.s2 % kVec == 0;
+  return t.dtype != DType::kDouble && reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.s0 % kVec == 0 && t.s1 % kVec == 0 && t.s2 % kVec == 0;
 }
 
 bool l2norm_supported(const L2NormParams& p) {

@@ -10,13 +10,13 @@
 
 #include <cstdint>
 
-namespace flashcos::cuda {
+#include "attention/cuda/params.h"  // DType
 
-enum class NormDType { kHalf, kBFloat16, kFloat };
+namespace flashcos::cuda {
 
 struct NormTensor {
   const void* ptr = nullptr;
-  NormDType dtype = NormDType::kBFloat16;
+  DType dtype = DType::kBFloat16;  // fp16, bf16 or fp32
   int64_t s0 = 0, s1 = 0, s2 = 0;  // element strides of dims 0..2 (dim 3 contiguous)
 };
 
@@ -35,7 +35,7 @@ struct L2NormParams {
 // the group size a multiple of 8, group size / 8 a power of two up to 32, every pointer 16-byte
 // aligned (32 for fp32 is not needed: two 16-byte loads) and every stride a multiple of 8.
 bool l2norm_supported(const L2NormParams& p);  // shape, groups and x's alignment
-bool l2norm_aligned(const NormTensor& t);
+bool l2norm_aligned(const NormTensor& t);  // also false for fp64
 
 cudaError_t run_l2norm_fwd(const L2NormParams& p, cudaStream_t stream);
 cudaError_t run_l2norm_bwd(const L2NormParams& p, cudaStream_t stream);
