@@ -27,8 +27,8 @@
 // An out-of-memory error prints `oom`, an implementation that rejects the config prints `n/a` (the
 // reason follows the table), and the run continues.
 #include "app/commands.h"
-#include "attention/attention.h"
-#include "attention/fastmax.h"
+#include <flashcos/attention.h>
+#include <flashcos/fastmax.h>
 #include "common/log.h"
 
 #include <ATen/ATen.h>

@@ -11,8 +11,8 @@
 
 #include <mutex>
 
-#include "attention/attention.h"
-#include "attention/fastmax.h"
+#include <flashcos/attention.h>
+#include <flashcos/fastmax.h>
 #include "common/log.h"
 
 namespace flashcos::model {
@@ -58,10 +58,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const int64_t inner = NH * HS;
   auto qkv = F::linear(x, torch::cat({to_q_->weight, to_k_->weight, to_v_->weight}, 0));
   if (cfg_.attention == "cosine" && cfg_.attention_impl == "fused") {
-    // The packed entry point: the fused kernels read q, k, v in place from the projection, write o
+    // The QKV entry point: the fused kernels read q, k, v in place from the projection, write o
     // in (B, T, heads, dim_head) order and return one packed gradient for it (attention.h).
     auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
-    return to_out_(cosine_sim_attention_packed(qkv, NH, opts.backend(Backend::kFused)));
+    return to_out_(cosine_sim_attention_qkv(qkv, NH, opts.backend(Backend::kFused)));
   }
   auto q = split_heads(qkv.narrow(-1, 0, inner));  // (B, NH, T, HS)
   auto k = split_heads(qkv.narrow(-1, inner, inner));

@@ -4,7 +4,7 @@
 #   scripts/gpu_check.sh [build] [tests] [train] [profile] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
-# tile variant of the fused kernels (attention/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
+# tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
 # causal or not, after running the d64 / d128 CUDA test cases with that variant.
 # profile: GPU time per kernel (train --profile-steps) of the sdpa and fused runs at seq 8192, batch 4,
 # grad-accum 1 (PROFILE_STEPS, default 4); the reports go to the log folder.

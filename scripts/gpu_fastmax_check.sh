@@ -12,9 +12,9 @@ OUT=${OUT:-fastmax-gpu-logs}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-fastmax-gpu}
 BIN="$BUILD/fastmax_tests"
-OBJS="CMakeFiles/flashcos.dir/attention/fastmax.cpp.o CMakeFiles/flashcos.dir/attention/fastmax_chunked.cpp.o
-      CMakeFiles/flashcos.dir/attention/fastmax_cuda.cpp.o CMakeFiles/flashcos.dir/attention/cuda/fastmax.cu.o
-      CMakeFiles/flashcos.dir/attention/cuda/fastmax_scan.cu.o
+OBJS="CMakeFiles/flashcos.dir/attention/fastmax/fastmax.cpp.o CMakeFiles/flashcos.dir/attention/fastmax/fastmax_chunked.cpp.o
+      CMakeFiles/flashcos.dir/attention/fastmax/fastmax_cuda.cpp.o CMakeFiles/flashcos.dir/attention/fastmax/cuda/fastmax.cu.o
+      CMakeFiles/flashcos.dir/attention/fastmax/cuda/fastmax_scan.cu.o
       CMakeFiles/flashcos_tests.dir/tests/test_fastmax.cpp.o CMakeFiles/flashcos_tests.dir/tests/test_fastmax_cuda.cpp.o"
 t0=$(date +%s)
 {

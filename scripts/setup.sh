@@ -18,7 +18,7 @@ say() { printf '[setup] %s\n' "$*"; }
 # ---- system packages ----------------------------------------------------------------------
 need_pkgs=()
 for p in build-essential cmake ninja-build libspdlog-dev libcxxopts-dev zlib1g-dev nlohmann-json3-dev \
-         libgtest-dev gnuplot-nox curl unzip python3-venv; do
+         libgtest-dev gnuplot-nox curl unzip python3-venv ccache; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -63,9 +63,14 @@ say "libtorch: $torch_prefix"
 
 # ---- build -------------------------------------------------------------------------------
 cmake_args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$torch_prefix")
+if command -v ccache >/dev/null; then  # rebuilds (and scripts/package_check.sh's) reuse objects
+  export CCACHE_BASEDIR="$ROOT"
+  cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 [ -n "${FLASHCOS_CUDA_ARCHS:-}" ] && cmake_args+=("-DFLASHCOS_CUDA_ARCHS=${FLASHCOS_CUDA_ARCHS}")
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 cmake "${cmake_args[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"
+echo "$torch_prefix" >"$BUILD_DIR/torch_prefix.txt"  # for scripts/package_check.sh
 ln -sfn "$BUILD_DIR/train" train
 say "built ./train ($(./train help >/dev/null && echo ok))"

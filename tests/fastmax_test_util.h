@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "attention/fastmax.h"
+#include <flashcos/fastmax.h>
 
 namespace flashcos::test {
 

@@ -13,7 +13,7 @@
 //   only as the tiled test's baseline. Set FLASHCOS_TEST_VERBOSE=1 to print every error.
 // Rows with nothing to attend (fully masked, or causal rows before the first key when I > J)
 // must give exactly zero output and zero dq, and nothing may be NaN / inf.
-#include "attention/attention.h"
+#include <flashcos/attention.h>
 #include "tests/attention_test_util.h"
 
 #include <ATen/ATen.h>

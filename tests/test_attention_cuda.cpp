@@ -12,8 +12,8 @@
 // with I == J and I != J, every head dim, every dtype, multi-head / multi-query / grouped /
 // merged, l2norm on / off, groups, the exp kind, non-contiguous inputs) with a chosen subset of
 // the product, so the suite runs in about a minute.
-#include "attention/attention.h"
-#include "attention/core.h"
+#include <flashcos/attention.h>
+#include "attention/cosine/core.h"
 #include "tests/attention_test_util.h"
 
 #include <ATen/ATen.h>
@@ -71,7 +71,7 @@ std::vector<Case> all_cases() {
     C("d128_groups2_causal",         1, 2, 2, 127, 127, 128).groups(2).causal(),
     C("d128_exp_causal_mask_bias",   2, 2, 2, 1000, 1000, 128).exp_kind().scale(1.5).causal().mask().bias_head(),
     C("d32_exp_mq",                  2, 3, 1, 63, 2049, 32).exp_kind().scale(0.7).mq().causal(),
-    // No mask, no bias, d 64 / 128: the Hopper family on an H100 (attention/cuda/launch.cu); the
+    // No mask, no bias, d 64 / 128: the Hopper family on an H100 (attention/cosine/cuda/launch.cu); the
     // suite runs a second time with FLASHCOS_HOPPER=0 for the sm_80 kernels (scripts/gpu_check.sh).
     C("d64_grouped_1000x2049",       1, 4, 2, 1000, 2049, 64),
     C("d64_causal_i_gt_j_1000x127",  1, 2, 2, 1000, 127, 64).causal(),  // 873 rows see nothing

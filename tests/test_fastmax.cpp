@@ -1,7 +1,7 @@
 // Fastmax on the CPU (runs in CI): the factorised chunked path and its analytic backward against
 // the O(I J) definition in float64, central finite differences of the autograd Function, an
 // explicit-loop check of the definition itself, shapes, masking, option validation.
-#include "attention/fastmax.h"
+#include <flashcos/fastmax.h>
 #include "tests/fastmax_test_util.h"
 
 #include <ATen/ATen.h>

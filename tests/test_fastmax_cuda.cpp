@@ -2,9 +2,9 @@
 // a float64 reference, bounded by twice the error of the plain O(I J) definition run in the same
 // dtype (flash-attention's criterion) plus one ulp of the output scale. Also an opt-in timing
 // report (FLASHCOS_FASTMAX_TIMING=1), which asserts nothing.
-#include "attention/fastmax.h"
+#include <flashcos/fastmax.h>
 #include "tests/fastmax_test_util.h"
-#include "attention/fastmax_impl.h"
+#include "attention/fastmax/fastmax_impl.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,32 +1,33 @@
-// Tests of the packed-QKV entry point (flashcos::cosine_sim_attention_packed, attention/packed.cpp)
-// and of the fused l2norm CUDA kernels (flashcos::detail::l2norm_cuda_*, attention/cuda/l2norm.cu),
+// Tests of the packed-QKV entry point (flashcos::cosine_sim_attention_qkv, attention/cosine/qkv.cpp)
+// and of the fused l2norm CUDA kernels (flashcos::detail::l2norm_cuda_*, attention/l2norm/cuda/l2norm.cu),
 // which flashcos::l2norm takes for CUDA tensors where they apply.
 //
 // CPU (run in CI):
-//   Cpu/PackedAttentionCpu        the packed API equals cosine_sim_attention on the three
+//   Cpu/QkvAttentionCpu        the packed API equals cosine_sim_attention on the three
 //                                 (B, H, T, D) views of qkv with the heads merged afterwards
 //                                 (forward and the qkv gradient), tiled and plain backends, f32 /
 //                                 f64; both also equal the float64 loops of attention_test_util.h.
-//   PackedAttentionCpuOptions     every option reaches the general path (mask, bias, kinds, ...).
-//   PackedAttentionValidation     bad qkv / heads give a c10::Error naming them.
+//   QkvAttentionCpuOptions     every option reaches the general path (mask, bias, kinds, ...).
+//   QkvAttentionValidation     bad qkv / heads give a c10::Error naming them.
 //   L2NormCpu                     flashcos::l2norm vs a float64 formula (zero / tiny groups too).
 // GPU (skipped without a CUDA device and the fused kernels; every suite is instantiated as Gpu/...,
-// so --gtest_filter='Gpu/PackedAttentionCuda*:Gpu/L2NormCuda*' selects them, 'Gpu/*' too):
+// so --gtest_filter='Gpu/QkvAttentionCuda*:Gpu/L2NormCuda*' selects them, 'Gpu/*' too):
 //   Gpu/L2NormCuda                the fused l2norm forward / backward vs float64, fp16 / bf16 / fp32,
 //                                 strided views, zero and tiny (clamped) groups.
 //   Gpu/L2NormCudaMisc            inputs the kernels do not take fall back correctly; the detail
 //                                 API's strided outputs, float32 dy, misaligned / expanded dy.
-//   Gpu/PackedAttentionCuda       the fast path (Backend::kFused, fp16 / bf16, l2norm on, no mask /
+//   Gpu/QkvAttentionCuda       the fast path (Backend::kFused, fp16 / bf16, l2norm on, no mask /
 //                                 bias) vs float64, T 1 .. 2049, d 32 / 64 / 128, groups 1 / 2.
-//   Gpu/PackedAttentionCudaMisc   determinism, which cases take the fast path and which the
+//   Gpu/QkvAttentionCudaMisc   determinism, which cases take the fast path and which the
 //                                 general one (and that both are right), upstream-gradient layouts,
 //                                 k == q with groups > 1 (logits above 0), an in-place op on o.
 // Errors are relative Frobenius errors against float64 on the dtype-rounded inputs: f64 1e-10,
 // f32 1e-5, fp16 / bf16 at most 2x the error of the same computation in plain libtorch ops in that
 // dtype plus a floor of eps / 4 (as tests/test_attention_cuda.cpp). FLASHCOS_POISON=1 is set in the
 // GPU suites: buffers the kernels should overwrite start as NaN, and no result may be NaN / inf.
-#include "attention/attention.h"
-#include "attention/core.h"
+#include <flashcos/attention.h>
+#include "attention/cosine/core.h"
+#include "attention/l2norm/l2norm_cuda.h"
 #include "tests/attention_test_util.h"
 
 #include <ATen/ATen.h>
@@ -108,9 +109,9 @@ at::Tensor rounded_to(const at::Tensor& t, at::ScalarType dtype) {
 
 std::string grad_fn_name(const at::Tensor& t) { return t.grad_fn() ? t.grad_fn()->name() : std::string("<none>"); }
 
-bool fast_path_ran(const std::string& fn) { return fn.find("PackedAttention") != std::string::npos; }
+bool fast_path_ran(const std::string& fn) { return fn.find("QkvAttention") != std::string::npos; }
 
-enum class Via { kPacked, kViewsApi, kViewsPlain };
+enum class Via { kQkv, kViewsApi, kViewsPlain };
 
 struct RunResult {
   at::Tensor o, dqkv;  // (B, T, H D), (B, T, 3 H D)
@@ -138,8 +139,8 @@ RunResult run_qkv(Via via, const at::Tensor& qkv64, int64_t heads, AttentionOpti
   }
   if (opts.attn_bias().defined()) opts.attn_bias(opts.attn_bias().to(dtype));
   at::Tensor o;
-  if (via == Via::kPacked) {
-    o = flashcos::cosine_sim_attention_packed(qkv, heads, opts);
+  if (via == Via::kQkv) {
+    o = flashcos::cosine_sim_attention_qkv(qkv, heads, opts);
   } else {
     const at::Tensor q = qkv_part(qkv, heads, 0), k = qkv_part(qkv, heads, 1), v = qkv_part(qkv, heads, 2);
     o = merge_heads(via == Via::kViewsApi ? flashcos::cosine_sim_attention(q, k, v, opts)
@@ -293,11 +294,11 @@ void PrintTo(const CpuParam& p, std::ostream* os) {
   *os << flashcos::to_string(p.backend) << " " << dtype_name(p.dtype) << " d" << p.D;
 }
 
-class PackedAttentionCpu : public ::testing::TestWithParam<CpuParam>, OneThread {};
+class QkvAttentionCpu : public ::testing::TestWithParam<CpuParam>, OneThread {};
 
 // Packed vs the three views through the public API (the same backend): equal to tight tolerance,
 // forward and the qkv gradient. Both vs the float64 loops of attention_test_util.h.
-TEST_P(PackedAttentionCpu, MatchesViewsAndLoops) {
+TEST_P(QkvAttentionCpu, MatchesViewsAndLoops) {
   const CpuParam& prm = GetParam();
   const int64_t B = 2, D = prm.D;
   const bool f64 = prm.dtype == at::kDouble;
@@ -319,7 +320,7 @@ TEST_P(PackedAttentionCpu, MatchesViewsAndLoops) {
           const at::Tensor dout64 = rounded_to(at::randn({B, T, heads * D}, at::kDouble), prm.dtype);
           const auto opts = AttentionOptions().causal(causal).groups(groups).backend(prm.backend).tile_size(16);
 
-          const RunResult packed = run_qkv(Via::kPacked, qkv64, heads, opts, dout64, prm.dtype);
+          const RunResult packed = run_qkv(Via::kQkv, qkv64, heads, opts, dout64, prm.dtype);
           const RunResult views = run_qkv(Via::kViewsApi, qkv64, heads, opts, dout64, prm.dtype);
           ASSERT_TRUE(packed.dqkv.defined()) << "no gradient reached qkv";
           EXPECT_EQ(packed.dqkv.sizes(), qkv64.sizes());
@@ -359,17 +360,17 @@ std::vector<CpuParam> cpu_params() {
   return ps;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, PackedAttentionCpu, ::testing::ValuesIn(cpu_params()),
+INSTANTIATE_TEST_SUITE_P(Cpu, QkvAttentionCpu, ::testing::ValuesIn(cpu_params()),
                          [](const ::testing::TestParamInfo<CpuParam>& i) {
                            return flashcos::to_string(i.param.backend) + "_" + dtype_name(i.param.dtype) + "_d" +
                                   std::to_string(i.param.D);
                          });
 
-class PackedAttentionCpuOptions : public ::testing::Test, OneThread {};
+class QkvAttentionCpuOptions : public ::testing::Test, OneThread {};
 
 // Every option reaches the general path: packed == views through the public API for the default
 // options (Backend::kAuto), scale, the exp kind, l2norm off, groups 4, a key mask and a bias.
-TEST_F(PackedAttentionCpuOptions, OptionsReachTheGeneralPath) {
+TEST_F(QkvAttentionCpuOptions, OptionsReachTheGeneralPath) {
   at::manual_seed(51);
   const int64_t B = 2, T = 37, H = 2, D = 32;
   at::Tensor qkv64 = at::randn({B, T, 3 * H * D}, at::kDouble);
@@ -399,7 +400,7 @@ TEST_F(PackedAttentionCpuOptions, OptionsReachTheGeneralPath) {
   for (const Opt& c : cases) {
     SCOPED_TRACE(c.name);
     const at::Tensor& in = c.small ? qkv_small : qkv64;
-    const RunResult packed = run_qkv(Via::kPacked, in, H, c.o, dout64, at::kDouble);
+    const RunResult packed = run_qkv(Via::kQkv, in, H, c.o, dout64, at::kDouble);
     const RunResult views = run_qkv(Via::kViewsApi, in, H, c.o, dout64, at::kDouble);
     const PartErr e = errors_vs(packed, views, H, c.o.scale());
     EXPECT_LE(e.o, 1e-13) << e;
@@ -408,17 +409,17 @@ TEST_F(PackedAttentionCpuOptions, OptionsReachTheGeneralPath) {
     EXPECT_LE(e.dv, 1e-13) << e;
   }
   // Without autograd (qkv not requiring grad): the same values.
-  const at::Tensor o = flashcos::cosine_sim_attention_packed(qkv64, H);
+  const at::Tensor o = flashcos::cosine_sim_attention_qkv(qkv64, H);
   EXPECT_FALSE(o.requires_grad());
   EXPECT_LE(rel_err(o, run_qkv(Via::kViewsApi, qkv64, H, {}, dout64, at::kDouble).o), 1e-13);
 }
 
 // Bad qkv / heads: a c10::Error that names them, not a crash or a silent reshape.
-TEST(PackedAttentionValidation, BadShapesNameQkvAndHeads) {
+TEST(QkvAttentionValidation, BadShapesNameQkvAndHeads) {
   at::manual_seed(52);
   const at::Tensor qkv = at::randn({2, 5, 3 * 2 * 16});  // heads 2, D 16
   auto call = [](const at::Tensor& t, int64_t heads, AttentionOptions o = {}) {
-    return [t, heads, o] { flashcos::cosine_sim_attention_packed(t, heads, o); };
+    return [t, heads, o] { flashcos::cosine_sim_attention_qkv(t, heads, o); };
   };
   expect_error(call(qkv.flatten(0, 1), 2), {"qkv"}, "2-D qkv");
   expect_error(call(qkv.view({2, 5, 6, 16}), 2), {"qkv"}, "4-D qkv");
@@ -735,7 +736,7 @@ void PrintTo(const PackedParam& p, std::ostream* os) {
       << (p.long_seq ? " +T2049" : "");
 }
 
-class PackedAttentionCuda : public ::testing::TestWithParam<PackedParam> {
+class QkvAttentionCuda : public ::testing::TestWithParam<PackedParam> {
  protected:
   void SetUp() override {
     if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and the fused kernels";
@@ -746,7 +747,7 @@ class PackedAttentionCuda : public ::testing::TestWithParam<PackedParam> {
 // Backend::kFused, fp16 / bf16, l2norm on, no mask / bias: the fast path runs (its autograd Function
 // is o's grad_fn; the Hopper family on compute capability 9.0 for d 64 / 128), and o and the qkv
 // gradient are within 2x the error of plain libtorch ops in the same dtype, against float64.
-TEST_P(PackedAttentionCuda, FastPathMatchesFloat64Reference) {
+TEST_P(QkvAttentionCuda, FastPathMatchesFloat64Reference) {
   const PackedParam& prm = GetParam();
   const at::ScalarType dt = prm.dtype;
   const int64_t B = 2, H = 2, D = prm.D;
@@ -767,7 +768,7 @@ TEST_P(PackedAttentionCuda, FastPathMatchesFloat64Reference) {
     const RunResult ref = run_qkv(Via::kViewsPlain, qkv64, H, plain, dout64, at::kDouble);
     const RunResult base = run_qkv(Via::kViewsPlain, qkv64, H, plain, dout64, dt);
     const int64_t hopper_before = flashcos::hopper_kernel_launches();
-    const RunResult fast = run_qkv(Via::kPacked, qkv64, H, AttentionOptions(opts).backend(Backend::kFused), dout64, dt);
+    const RunResult fast = run_qkv(Via::kQkv, qkv64, H, AttentionOptions(opts).backend(Backend::kFused), dout64, dt);
     const int64_t hopper_runs = flashcos::hopper_kernel_launches() - hopper_before;
 
     EXPECT_TRUE(fast_path_ran(fast.fn)) << "the fast path did not run (o's grad_fn: " << fast.fn << ")";
@@ -807,14 +808,14 @@ std::vector<PackedParam> packed_params() {
   return ps;
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, PackedAttentionCuda, ::testing::ValuesIn(packed_params()),
+INSTANTIATE_TEST_SUITE_P(Gpu, QkvAttentionCuda, ::testing::ValuesIn(packed_params()),
                          [](const ::testing::TestParamInfo<PackedParam>& i) {
                            return dtype_name(i.param.dtype) + "_d" + std::to_string(i.param.D) +
                                   bool_name(i.param.causal, "_causal", "_full") + "_g" +
                                   std::to_string(i.param.groups) + bool_name(i.param.long_seq, "_t2049", "");
                          });
 
-class PackedAttentionCudaMisc : public ::testing::TestWithParam<at::ScalarType> {
+class QkvAttentionCudaMisc : public ::testing::TestWithParam<at::ScalarType> {
  protected:
   void SetUp() override {
     if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and the fused kernels";
@@ -823,7 +824,7 @@ class PackedAttentionCudaMisc : public ::testing::TestWithParam<at::ScalarType> 
 };
 
 // Same input twice: a bit-identical forward, with and without autograd.
-TEST_P(PackedAttentionCudaMisc, ForwardIsDeterministic) {
+TEST_P(QkvAttentionCudaMisc, ForwardIsDeterministic) {
   const at::ScalarType dt = GetParam();
   at::manual_seed(71);
   for (int64_t D : {32, 64, 128}) {
@@ -831,14 +832,14 @@ TEST_P(PackedAttentionCudaMisc, ForwardIsDeterministic) {
     const auto opts = AttentionOptions().causal(true).backend(Backend::kFused);
     const at::Tensor qkv = at::randn({2, 1000, 3 * 2 * D}, at::TensorOptions().dtype(dt).device(at::kCUDA));
     const at::Tensor qkv_g = qkv.detach().clone().requires_grad_(true);
-    const at::Tensor a = flashcos::cosine_sim_attention_packed(qkv_g, 2, opts);
-    const at::Tensor b = flashcos::cosine_sim_attention_packed(qkv_g, 2, opts);
+    const at::Tensor a = flashcos::cosine_sim_attention_qkv(qkv_g, 2, opts);
+    const at::Tensor b = flashcos::cosine_sim_attention_qkv(qkv_g, 2, opts);
     EXPECT_TRUE(fast_path_ran(grad_fn_name(a))) << grad_fn_name(a);
-    const at::Tensor c = flashcos::cosine_sim_attention_packed(qkv, 2, opts);  // no grad needed
+    const at::Tensor c = flashcos::cosine_sim_attention_qkv(qkv, 2, opts);  // no grad needed
     at::Tensor d;
     {
       at::NoGradGuard no_grad;
-      d = flashcos::cosine_sim_attention_packed(qkv_g, 2, opts);
+      d = flashcos::cosine_sim_attention_qkv(qkv_g, 2, opts);
     }
     EXPECT_TRUE(at::equal(a, b)) << "two runs differ";
     EXPECT_TRUE(at::equal(a, c)) << "qkv without requires_grad differs";
@@ -849,7 +850,7 @@ TEST_P(PackedAttentionCudaMisc, ForwardIsDeterministic) {
 
 // Which cases take the fast path and which the general one, and every one of them right: the
 // packed result vs float64 (plain ops on the views) within 2x the plain-ops error in the dtype.
-TEST_P(PackedAttentionCudaMisc, FastAndGeneralPathCases) {
+TEST_P(QkvAttentionCudaMisc, FastAndGeneralPathCases) {
   const at::ScalarType dt = GetParam();
   const int64_t B = 2, T = 127, H = 2;
   const auto o64 = at::TensorOptions().dtype(at::kDouble).device(at::kCUDA);
@@ -901,7 +902,7 @@ TEST_P(PackedAttentionCudaMisc, FastAndGeneralPathCases) {
     const at::Tensor dout64 = at::randn({B, T, H * c.D}, o64).to(run_dt).to(at::kDouble);
     const auto plain = AttentionOptions(c.opts).backend(Backend::kPlain);
     const RunResult ref = run_qkv(Via::kViewsPlain, qkv64, H, plain, dout64, at::kDouble);
-    const RunResult run = run_qkv(Via::kPacked, qkv64, H, c.opts, dout64, run_dt, c.offset);
+    const RunResult run = run_qkv(Via::kQkv, qkv64, H, c.opts, dout64, run_dt, c.offset);
     EXPECT_EQ(fast_path_ran(run.fn), c.fast) << "o's grad_fn: " << run.fn;
     ASSERT_TRUE(run.dqkv.defined()) << "no gradient reached qkv";
     EXPECT_TRUE(at::isfinite(run.o).all().item<bool>()) << "NaN / inf in o";
@@ -924,7 +925,7 @@ TEST_P(PackedAttentionCudaMisc, FastAndGeneralPathCases) {
 
 // The upstream gradient as autograd may hand it over: expanded (o.sum()) or with a strided last
 // dim; the fast path's qkv gradient still matches float64.
-TEST_P(PackedAttentionCudaMisc, UpstreamGradientLayouts) {
+TEST_P(QkvAttentionCudaMisc, UpstreamGradientLayouts) {
   const at::ScalarType dt = GetParam();
   const int64_t B = 2, T = 127, H = 2, D = 64;
   const auto o64 = at::TensorOptions().dtype(at::kDouble).device(at::kCUDA);
@@ -937,7 +938,7 @@ TEST_P(PackedAttentionCudaMisc, UpstreamGradientLayouts) {
     SCOPED_TRACE(dout.defined() ? "dout with a strided last dim" : "o.sum()");
     const RunResult ref = run_qkv(Via::kViewsPlain, qkv64, H, plain, dout, at::kDouble);
     const RunResult base = run_qkv(Via::kViewsPlain, qkv64, H, plain, dout, dt);
-    const RunResult fast = run_qkv(Via::kPacked, qkv64, H, opts, dout, dt);
+    const RunResult fast = run_qkv(Via::kQkv, qkv64, H, opts, dout, dt);
     EXPECT_TRUE(fast_path_ran(fast.fn)) << fast.fn;
     ASSERT_TRUE(fast.dqkv.defined());
     const PartErr e = errors_vs(fast, ref, H, 10.0), be = errors_vs(base, ref, H, 10.0);
@@ -952,7 +953,7 @@ TEST_P(PackedAttentionCudaMisc, UpstreamGradientLayouts) {
 // k equal to q: every per-group cosine on the diagonal is 1, so q.k = groups there and the logit
 // scale (q.k - 1) reaches scale (groups - 1) > 0 (with one group the logits stay <= 0). The fast
 // path and the general path through the fused kernels must stay finite and right.
-TEST_P(PackedAttentionCudaMisc, KeysEqualToQueriesWithGroups) {
+TEST_P(QkvAttentionCudaMisc, KeysEqualToQueriesWithGroups) {
   const at::ScalarType dt = GetParam();
   const int64_t B = 2, T = 63, H = 2, D = 64;
   const auto o64 = at::TensorOptions().dtype(at::kDouble).device(at::kCUDA);
@@ -968,10 +969,10 @@ TEST_P(PackedAttentionCudaMisc, KeysEqualToQueriesWithGroups) {
     const auto fused = AttentionOptions(opts).backend(Backend::kFused);
     const RunResult ref = run_qkv(Via::kViewsPlain, qkv64, H, plain, dout64, at::kDouble);
     const PartErr be = errors_vs(run_qkv(Via::kViewsPlain, qkv64, H, plain, dout64, dt), ref, H, 10.0);
-    for (Via via : {Via::kPacked, Via::kViewsApi}) {
-      SCOPED_TRACE(via == Via::kPacked ? "packed (fast path)" : "views through cosine_sim_attention (fused)");
+    for (Via via : {Via::kQkv, Via::kViewsApi}) {
+      SCOPED_TRACE(via == Via::kQkv ? "packed (fast path)" : "views through cosine_sim_attention (fused)");
       const RunResult run = run_qkv(via, qkv64, H, fused, dout64, dt);
-      EXPECT_EQ(fast_path_ran(run.fn), via == Via::kPacked) << run.fn;
+      EXPECT_EQ(fast_path_ran(run.fn), via == Via::kQkv) << run.fn;
       EXPECT_TRUE(at::isfinite(run.o).all().item<bool>()) << "NaN / inf in o";
       ASSERT_TRUE(run.dqkv.defined());
       EXPECT_TRUE(at::isfinite(run.dqkv).all().item<bool>()) << "NaN / inf in dqkv";
@@ -986,7 +987,7 @@ TEST_P(PackedAttentionCudaMisc, KeysEqualToQueriesWithGroups) {
 
 // The result behaves as the general path's (a plain tensor): an in-place op on it before the
 // backward is allowed and the qkv gradient accounts for it.
-TEST_P(PackedAttentionCudaMisc, InPlaceOpOnTheOutput) {
+TEST_P(QkvAttentionCudaMisc, InPlaceOpOnTheOutput) {
   // The fast path saves its output for the backward (as libtorch ops that save their result do):
   // an in-place op on it is allowed, and a backward through the modified result is refused with
   // libtorch's version-counter error; without grad, in-place ops just work.
@@ -996,7 +997,7 @@ TEST_P(PackedAttentionCudaMisc, InPlaceOpOnTheOutput) {
   at::manual_seed(75);
   const at::Tensor qkv64 = at::randn({B, T, 3 * H * D}, o64).to(dt).to(at::kDouble);
   const at::Tensor qkv = leaf(qkv64, dt);
-  const at::Tensor o = flashcos::cosine_sim_attention_packed(qkv, H, AttentionOptions().backend(Backend::kFused));
+  const at::Tensor o = flashcos::cosine_sim_attention_qkv(qkv, H, AttentionOptions().backend(Backend::kFused));
   EXPECT_TRUE(fast_path_ran(grad_fn_name(o))) << grad_fn_name(o);
   const at::Tensor o_before = o.detach().clone();
   o.mul_(2.0);
@@ -1010,13 +1011,13 @@ TEST_P(PackedAttentionCudaMisc, InPlaceOpOnTheOutput) {
   }
   {
     at::NoGradGuard no_grad;
-    const at::Tensor o2 = flashcos::cosine_sim_attention_packed(qkv, H, AttentionOptions().backend(Backend::kFused));
+    const at::Tensor o2 = flashcos::cosine_sim_attention_qkv(qkv, H, AttentionOptions().backend(Backend::kFused));
     o2.mul_(2.0);
     EXPECT_TRUE(at::equal(o2, o_before * 2));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, PackedAttentionCudaMisc, ::testing::Values(at::kBFloat16, at::kHalf),
+INSTANTIATE_TEST_SUITE_P(Gpu, QkvAttentionCudaMisc, ::testing::Values(at::kBFloat16, at::kHalf),
                          [](const ::testing::TestParamInfo<at::ScalarType>& i) { return dtype_name(i.param); });
 
 }  // namespace

@@ -1,16 +1,16 @@
 // The public entry point: validate, canonicalise shapes, l2-normalise (plain libtorch ops, so
 // autograd handles its Jacobian), then dispatch to the fused kernel, the tiled path or the plain
 // reference.
-#include "attention/attention.h"
+#include <flashcos/attention.h>
 
 #include <ATen/ATen.h>
 
-#include "attention/autograd.h"
-#include "attention/canonical.h"
-#include "attention/core.h"
+#include "attention/cosine/autograd.h"
+#include "attention/cosine/canonical.h"
+#include "attention/cosine/core.h"
 
 #ifdef FLASHCOS_WITH_CUDA
-#include "attention/cuda/params.h"
+#include "attention/cosine/cuda/params.h"
 #endif
 
 namespace flashcos {

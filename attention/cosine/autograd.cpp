@@ -1,6 +1,6 @@
 // AttentionFunction: one torch::autograd::Function for the tiled path and the fused kernels.
 // Saved for backward: q, k, v, mask, bias, o and l (the per-row sums): O(n) beyond the inputs.
-#include "attention/autograd.h"
+#include "attention/cosine/autograd.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

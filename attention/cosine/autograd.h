@@ -1,9 +1,9 @@
-// The torch::autograd::Function behind the tiled and fused backends (attention/autograd.cpp).
+// The torch::autograd::Function behind the tiled and fused backends (attention/cosine/autograd.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include "attention/core.h"
+#include "attention/cosine/core.h"
 
 namespace flashcos::detail {
 

@@ -1,4 +1,4 @@
-#include "attention/canonical.h"
+#include "attention/cosine/canonical.h"
 
 #include <limits>
 

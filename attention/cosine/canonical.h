@@ -5,7 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "attention/attention.h"
+#include <flashcos/options.h>
 
 namespace flashcos::detail {
 

@@ -16,6 +16,8 @@
 
 #include <utility>
 
+#include "attention/common/poison.h"
+
 namespace flashcos::detail {
 
 struct CoreArgs {
@@ -26,7 +28,7 @@ struct CoreArgs {
   int64_t tile_size = 512;      // tiled path only
   // Upper bound of q . k (cosine kind): 1 for l2-normalised q, k; `groups` when each of the groups
   // is normalised separately; 1 without l2norm (q, k are then taken as unit-norm). The 16-bit forward picks its fixed-offset or
-  // online variant by it (fwd_needs_online in attention/cuda/params.h).
+  // online variant by it (fwd_needs_online in attention/cosine/cuda/params.h).
   double qk_max = 1.0;
 };
 
@@ -46,7 +48,7 @@ BackwardResult tiled_backward(const at::Tensor& dout, const at::Tensor& q, const
                               const at::Tensor& v, const at::Tensor& o, const at::Tensor& l,
                               const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args);
 
-// Fused CUDA kernels (attention/cuda_ops.cpp). Throw a c10::Error in a build without CUDA.
+// Fused CUDA kernels (attention/cosine/cuda_ops.cpp). Throw a c10::Error in a build without CUDA.
 // o_out: where to write o ((B, H, I, D), q's dtype, any strides the kernels take), else allocated.
 // dq_float: for fp16 / bf16 inputs, return dq as the kernels' float32 accumulator (no rounding
 // pass; the packed path's l2norm backward reads it). dv_out: where to write dv (v's shape, the
@@ -59,22 +61,6 @@ BackwardResult fused_backward(const at::Tensor& dout, const at::Tensor& q, const
                               const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,
                               bool dq_float = false, const at::Tensor& dv_out = {});
 
-// FLASHCOS_POISON=1 in the environment (the tests set it): fills t with NaN, so that an output a
-// kernel leaves partly unwritten cannot pass. Called on every output before its kernel runs.
-void poison_if_requested(const at::Tensor& t);
-
-// Fused l2norm on CUDA (attention/cuda/l2norm.h), for tensors of 1..4 dims with a contiguous last
-// dim: y = x / max(|x_g|, 1e-12) per group. supported(): dtype fp16 / bf16 / fp32, group size a
-// multiple of 8 with group size / 8 a power of two <= 32, 16-byte aligned data and strides.
-bool l2norm_cuda_supported(const at::Tensor& x, int64_t groups);
-// Returns y (written into y_out when given) and r = 1 / max(|x_g|, eps): x.shape[:-1] + (groups,)
-// float32, contiguous.
-std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64_t groups,
-                                                      const at::Tensor& y_out = {});
-// dx for the incoming dy (any float dtype / strides), from x and the forward's r (y recomputed in
-// float32); written into dx_out when given (x's shape and dtype, 16-byte aligned strides).
-at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r, int64_t groups,
-                                const at::Tensor& dx_out = {});
 // Head dims the fused kernels support (16, 32, 64, 80, 96, 128).
 bool fused_supports_head_dim(int64_t d);
 

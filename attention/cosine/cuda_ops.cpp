@@ -1,5 +1,5 @@
 // The torch -> kernel bridge of the fused attention: validates what the kernels assume, fills the
-// torch-free Params structs (attention/cuda/params.h) in exactly one function per direction,
+// torch-free Params structs (attention/cosine/cuda/params.h) in exactly one function per direction,
 // allocates outputs and scratch, launches on the current stream and checks every CUDA call.
 //
 // Strides: the 16-bit kernels copy rows with 16-byte cp.async, so q, k, v, dout need a contiguous
@@ -10,13 +10,11 @@
 //
 // FLASHCOS_POISON=1 fills every output with NaN before the launch (the tests set it), so a kernel
 // that leaves an element unwritten cannot pass.
-#include "attention/core.h"
+#include "attention/cosine/core.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
-#include <limits>
 
 #ifdef FLASHCOS_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -24,15 +22,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "attention/cuda/params.h"
+#include "attention/cosine/cuda/params.h"
 #endif
 
 namespace flashcos::detail {
-
-void poison_if_requested(const at::Tensor& t) {
-  const char* env = std::getenv("FLASHCOS_POISON");  // read each call: tests set it at run time
-  if (env != nullptr && env[0] == '1' && t.defined()) at::Tensor(t).fill_(std::numeric_limits<double>::quiet_NaN());
-}
 
 #ifdef FLASHCOS_WITH_CUDA
 namespace {

@@ -1,9 +1,9 @@
-// cosine_sim_attention_packed: q, k, v as the three thirds of one projection (B, T, 3 H D).
+// cosine_sim_attention_qkv: q, k, v as the three thirds of one projection (B, T, 3 H D).
 //
 // Every backend gets the same answer as splitting qkv into (B, H, T, D) views and calling
 // cosine_sim_attention. The fused CUDA backend with l2norm_qk, no mask and no bias takes a path
 // without layout copies, one autograd Function for the whole thing:
-//   forward:  fused l2norm of the q and k views into (B, H, T, D) buffers (attention/cuda/l2norm.h),
+//   forward:  fused l2norm of the q and k views into (B, H, T, D) buffers (attention/l2norm/cuda/l2norm.h),
 //             the attention kernel with v read in place and o written in (B, T, H, D) order, so
 //             the (B, T, H D) result is a view;
 //   backward: the attention backward with dQ kept in its float32 accumulator, then the l2norm
@@ -12,8 +12,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "attention/attention.h"
-#include "attention/core.h"
+#include <flashcos/attention.h>
+#include "attention/cosine/core.h"
+#include "attention/l2norm/l2norm_cuda.h"
 
 namespace flashcos {
 namespace {
@@ -28,7 +29,7 @@ at::Tensor part(const at::Tensor& packed, int64_t heads, int64_t which) {
 }
 
 // The fused core's arguments of the packed path (cosine kind, q, k l2-normalised in `groups`).
-detail::CoreArgs packed_args(bool causal, double scale, int64_t groups) {
+detail::CoreArgs qkv_args(bool causal, double scale, int64_t groups) {
   detail::CoreArgs args;
   args.causal = causal;
   args.scale = scale;
@@ -36,7 +37,7 @@ detail::CoreArgs packed_args(bool causal, double scale, int64_t groups) {
   return args;
 }
 
-class PackedAttentionFunction : public torch::autograd::Function<PackedAttentionFunction> {
+class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads, bool causal,
                                double scale, int64_t groups) {
@@ -48,7 +49,7 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     // o is returned as allocated (a view made inside a custom Function could not be modified in
     // place); the kernel writes it through its (B, H, T, D) view.
     const at::Tensor o = at::empty({B, T, heads * D}, qkv.options());
-    const detail::CoreArgs args = packed_args(causal, scale, groups);
+    const detail::CoreArgs args = qkv_args(causal, scale, groups);
     const auto r = detail::fused_forward(qn, kn, v, {}, {}, args, o.view({B, T, heads, D}).permute({0, 2, 1, 3}));
     // o itself is saved (the output; a saved no-grad view of it would break autograd's history
     // rewrite of o), and viewed again in the backward.
@@ -66,7 +67,7 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     const auto &qkv = saved[0], &qn = saved[1], &kn = saved[2], &rq = saved[3], &rk = saved[4], &l = saved[6];
     const int64_t heads = ctx->saved_data["heads"].toInt(), groups = ctx->saved_data["groups"].toInt();
     const detail::CoreArgs args =
-        packed_args(ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(), groups);
+        qkv_args(ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(), groups);
     const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
     const at::Tensor o = saved[5].view({B, T, heads, D}).permute({0, 2, 1, 3});
     at::Tensor dout = grad_outputs[0];
@@ -84,14 +85,14 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
 
 }  // namespace
 
-at::Tensor cosine_sim_attention_packed(const at::Tensor& qkv, int64_t heads, const AttentionOptions& options) {
-  TORCH_CHECK(qkv.defined() && qkv.dim() == 3, "flashcos cosine_sim_attention_packed: qkv must be (B, T, 3 * heads * D), got ",
+at::Tensor cosine_sim_attention_qkv(const at::Tensor& qkv, int64_t heads, const AttentionOptions& options) {
+  TORCH_CHECK(qkv.defined() && qkv.dim() == 3, "flashcos cosine_sim_attention_qkv: qkv must be (B, T, 3 * heads * D), got ",
               qkv.defined() ? c10::str(qkv.sizes()) : std::string("an undefined tensor"));
   TORCH_CHECK(heads >= 1 && qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0,
-              "flashcos cosine_sim_attention_packed: qkv's last dim ", qkv.size(2), " must be 3 * heads * D with heads = ",
+              "flashcos cosine_sim_attention_qkv: qkv's last dim ", qkv.size(2), " must be 3 * heads * D with heads = ",
               heads);
   TORCH_CHECK(qkv.stride(2) == 1 || qkv.size(2) == 1,
-              "flashcos cosine_sim_attention_packed: qkv needs a contiguous last dim, got strides ", qkv.strides());
+              "flashcos cosine_sim_attention_qkv: qkv needs a contiguous last dim, got strides ", qkv.strides());
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
   Backend backend = options.backend();
   if (backend == Backend::kAuto) backend = qkv.is_cuda() ? Backend::kFused : Backend::kTiled;
@@ -106,9 +107,9 @@ at::Tensor cosine_sim_attention_packed(const at::Tensor& qkv, int64_t heads, con
     const auto o = cosine_sim_attention(part(qkv, heads, 0), part(qkv, heads, 1), part(qkv, heads, 2), options);
     return o.transpose(1, 2).reshape({B, T, heads * D});
   }
-  TORCH_CHECK(options.groups() >= 1 && D % options.groups() == 0, "flashcos cosine_sim_attention_packed: groups (",
+  TORCH_CHECK(options.groups() >= 1 && D % options.groups() == 0, "flashcos cosine_sim_attention_qkv: groups (",
               options.groups(), ") must divide the head dim ", D);
-  return PackedAttentionFunction::apply(qkv, heads, options.causal(), options.scale(), options.groups())[0];
+  return QkvAttentionFunction::apply(qkv, heads, options.causal(), options.scale(), options.groups())[0];
 }
 
 }  // namespace flashcos

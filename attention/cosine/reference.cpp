@@ -2,8 +2,8 @@
 // backward. Used by the tests (in float64 it is the reference) and as the benchmark baseline.
 #include <ATen/ATen.h>
 
-#include "attention/attention.h"
-#include "attention/canonical.h"
+#include <flashcos/attention.h>
+#include "attention/cosine/canonical.h"
 
 namespace flashcos {
 

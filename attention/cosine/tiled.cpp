@@ -9,8 +9,8 @@
 
 #include <limits>
 
-#include "attention/canonical.h"
-#include "attention/core.h"
+#include "attention/cosine/canonical.h"
+#include "attention/cosine/core.h"
 
 namespace flashcos::detail {
 namespace {

@@ -1,6 +1,6 @@
 // Fastmax entry point: option and shape validation, per-token normalisation, the O(I J)
 // reference, and the torch::autograd::Function around the factorised core (fastmax_chunked.cpp).
-#include "attention/fastmax.h"
+#include <flashcos/fastmax.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -10,7 +10,7 @@
 #include <cmath>
 #include <limits>
 
-#include "attention/fastmax_impl.h"
+#include "attention/fastmax/fastmax_impl.h"
 
 namespace flashcos {
 namespace {

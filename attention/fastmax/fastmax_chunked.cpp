@@ -1,12 +1,12 @@
 // Fastmax factorised path: feature maps, the chunked scan and the core forward / backward
-// (math in attention/fastmax_impl.h). Pure libtorch ops, any device; on CUDA the feature maps
-// may come from attention/cuda/fastmax.cu and the matmuls are cuBLAS (tensor cores for bf16/fp16).
+// (math in attention/fastmax/fastmax_impl.h). Pure libtorch ops, any device; on CUDA the feature maps
+// may come from attention/fastmax/cuda/fastmax.cu and the matmuls are cuBLAS (tensor cores for bf16/fp16).
 //
 // Precision: moments and outputs accumulate in float32 (float64 for double inputs). For bf16 /
 // fp16 the tensor-core GEMMs take half operands; a float32 operand (moments, row gradients, the
 // in-chunk weights) is scaled by its max and split into hi + lo halves, so a b = a_hi b_hi +
 // a_hi b_lo + a_lo b_hi keeps ~16 significant bits instead of 8 and nothing overflows fp16.
-#include "attention/fastmax_impl.h"
+#include "attention/fastmax/fastmax_impl.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -22,7 +22,7 @@ namespace {
 // Elements of the largest per-step work tensor (features of a token block): bounds the
 // workspace independently of the sequence length.
 constexpr int64_t kWorkspaceElems = int64_t{1} << 27;
-// Chunk of the fused CUDA scan (attention/cuda/fastmax_scan.cu).
+// Chunk of the fused CUDA scan (attention/fastmax/cuda/fastmax_scan.cu).
 constexpr int64_t kFusedChunk = 64;
 
 bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }

@@ -1,16 +1,16 @@
-// Tensor -> Params bridge for the Fastmax CUDA kernels (attention/cuda/fastmax.cu). In a build
+// Tensor -> Params bridge for the Fastmax CUDA kernels (attention/fastmax/cuda/fastmax.cu). In a build
 // without nvcc (no FLASHCOS_WITH_CUDA) the entry points raise a clear error instead.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "attention/fastmax.h"
-#include "attention/fastmax_impl.h"
+#include <flashcos/fastmax.h>
+#include "attention/fastmax/fastmax_impl.h"
 
 #ifdef FLASHCOS_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "attention/cuda/fastmax.cuh"
+#include "attention/fastmax/cuda/fastmax.cuh"
 #endif
 
 namespace flashcos {

@@ -70,11 +70,11 @@ FastmaxCoreBackward fastmax_core_backward(const at::Tensor& dout, const at::Tens
 // (float32 GEMMs are used instead), -1 before the first one.
 int fastmax_half_gemm_state();
 
-// CUDA kernels behind the feature maps (attention/fastmax_cuda.cpp); error without CUDA.
+// CUDA kernels behind the feature maps (attention/fastmax/fastmax_cuda.cpp); error without CUDA.
 at::Tensor fastmax_features_cuda(const at::Tensor& x, const FastmaxCoef& c, bool with_coef);
 at::Tensor fastmax_feature_grad_cuda(const at::Tensor& u, const at::Tensor& x, const FastmaxCoef& c);
 
-// The fused moment-scan kernel (attention/cuda/fastmax_scan.cu) takes x: bf16 CUDA tensors with
+// The fused moment-scan kernel (attention/fastmax/cuda/fastmax_scan.cu) takes x: bf16 CUDA tensors with
 // D in {16, 32, 64}; false in a build without CUDA.
 bool fastmax_fused_scan_available(const at::Tensor& x);
 // fastmax_scan on the fused kernel: non-causal (all columns), or causal with Lx == Ly a multiple

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "attention/attention.h"
-#include "attention/core.h"
+#include <flashcos/l2norm.h>
+#include "attention/l2norm/l2norm_cuda.h"
 
 namespace flashcos {
 namespace {
@@ -54,7 +54,7 @@ class L2NormFunction : public torch::autograd::Function<L2NormFunction> {
   }
 };
 
-// The fused CUDA kernels (attention/cuda/l2norm.h): one pass each way; saves x and r (y is
+// The fused CUDA kernels (attention/l2norm/cuda/l2norm.h): one pass each way; saves x and r (y is
 // recomputed from them in float32 in the backward).
 class L2NormCudaFunction : public torch::autograd::Function<L2NormCudaFunction> {
  public:

@@ -1,16 +1,17 @@
-// The torch side of the fused l2norm kernels (attention/cuda/l2norm.h): tensors in, Params out,
+// The torch side of the fused l2norm kernels (attention/l2norm/cuda/l2norm.h): tensors in, Params out,
 // one launch on the current stream, every CUDA call checked.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "attention/core.h"
+#include "attention/common/poison.h"
+#include "attention/l2norm/l2norm_cuda.h"
 
 #ifdef FLASHCOS_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "attention/cuda/l2norm.h"
+#include "attention/l2norm/cuda/l2norm.h"
 #endif
 
 namespace flashcos::detail {

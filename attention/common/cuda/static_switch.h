@@ -31,7 +31,7 @@
     return __VA_ARGS__();                                                             \
   }()
 
-// Tile variant (attention/cuda/tuning.h) -> template argument; only 0 outside FLASHCOS_TUNING builds.
+// Tile variant (attention/cosine/cuda/tuning.h) -> template argument; only 0 outside FLASHCOS_TUNING builds.
 #ifdef FLASHCOS_TUNING
 #define FLASHCOS_VARIANT_SWITCH(VARIANT, CONST_NAME, ...)              \
   [&]() -> cudaError_t {                                               \

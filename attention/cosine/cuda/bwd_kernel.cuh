@@ -12,9 +12,9 @@
 // exp2(S scale log2e + c_i)) come from delta_kernel, run first.
 #pragma once
 
-#include "attention/cuda/mma.cuh"
-#include "attention/cuda/params.h"
-#include "attention/cuda/tuning.h"
+#include "attention/common/cuda/mma.cuh"
+#include "attention/cosine/cuda/params.h"
+#include "attention/cosine/cuda/tuning.h"
 
 namespace flashcos::cuda {
 
@@ -101,7 +101,7 @@ __global__ void delta_kernel(const BwdParams p) {
 }
 
 // The same for fp16 / bf16 with 16-byte loads: 16 lanes per row, lane t holds elements 8t .. 8t + 7
-// (D <= 128; the operands' rows are 16-byte aligned, attention/cuda_ops.cpp makes them so).
+// (D <= 128; the operands' rows are 16-byte aligned, attention/cosine/cuda_ops.cpp makes them so).
 template <typename T>
 __global__ void delta_kernel_16bit(const BwdParams p) {
   const int64_t row = int64_t(blockIdx.x) * 16 + threadIdx.x / 16;

@@ -21,9 +21,9 @@
 
 #include <type_traits>
 
-#include "attention/cuda/mma.cuh"
-#include "attention/cuda/params.h"
-#include "attention/cuda/tuning.h"
+#include "attention/common/cuda/mma.cuh"
+#include "attention/cosine/cuda/params.h"
+#include "attention/cosine/cuda/tuning.h"
 
 namespace flashcos::cuda {
 

@@ -1,6 +1,6 @@
 // The launchers: pick the kernel family for the inputs and the device, then the template
 // instance for (dtype, head dim). Families:
-//   * Hopper (attention/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, d 64 / 128, no key mask, no
+//   * Hopper (attention/cosine/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, d 64 / 128, no key mask, no
 //     bias, scales inside the fixed-offset range of the forward; used on compute capability 9.0
 //     devices when the build has it (FLASHCOS_HAS_HOPPER) and FLASHCOS_HOPPER is not "0".
 //   * sm_80+ mma.sync kernels for every other fp16 / bf16 case;
@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "attention/cuda/launch_templates.h"
-#include "attention/cuda/static_switch.h"
+#include "attention/cosine/cuda/launch_templates.h"
+#include "attention/common/cuda/static_switch.h"
 
 namespace flashcos::cuda {
 namespace {

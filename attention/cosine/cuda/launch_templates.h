@@ -6,7 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "attention/cuda/params.h"
+#include "attention/cosine/cuda/params.h"
 
 namespace flashcos::cuda {
 
@@ -14,7 +14,7 @@ template <typename T, int D>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream);  // fwd_kernel.cuh
 template <typename T, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);  // bwd_kernel.cuh
-// Hopper family (attention/cuda/hopper/), d 64 / 128 only, built where FLASHCOS_HAS_HOPPER is set.
+// Hopper family (attention/cosine/cuda/hopper/), d 64 / 128 only, built where FLASHCOS_HAS_HOPPER is set.
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream);  // hopper/fwd_hopper.cuh
 template <typename T, int D>

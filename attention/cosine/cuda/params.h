@@ -1,6 +1,6 @@
 // Torch-free parameters of the fused cosine-sim attention kernels, one struct per direction.
 //
-// attention/cuda_ops.cpp fills them from tensors in exactly one function each; the kernels see
+// attention/cosine/cuda_ops.cpp fills them from tensors in exactly one function each; the kernels see
 // only raw pointers, element strides and a stream. Vocabulary (attention/README.md):
 //   B batch, H query heads, Hkv key/value heads (H % Hkv == 0), I queries, J keys, D head dim.
 // Every tensor's last dim is contiguous; the other strides are given in elements.
@@ -10,9 +10,10 @@
 
 #include <cstdint>
 
+#include "attention/common/cuda/dtype.h"
+
 namespace flashcos::cuda {
 
-enum class DType { kHalf, kBFloat16, kFloat, kDouble };
 
 // What the forward and the backward share: inputs, sizes, semantics.
 struct CommonParams {
@@ -90,7 +91,7 @@ inline bool fwd_needs_online(const CommonParams& p, bool is_half) {
   return top_log2 > 100.f || span_log2 > 100.f;
 }
 
-// The launchers (attention/cuda/launch.cu). They pick the kernel family for the inputs and the
+// The launchers (attention/cosine/cuda/launch.cu). They pick the kernel family for the inputs and the
 // device (Hopper wgmma kernels for the 16-bit d 64 / 128 cases without mask or bias on compute
 // capability 9.0, the sm_80 mma.sync kernels for the other 16-bit cases, SIMT for fp32 / fp64)
 // and return the first CUDA error, for the caller to check.

@@ -8,8 +8,8 @@
 //             dq kernel (CTA = 32 query rows, loops over keys; also adds dbias by atomics).
 #pragma once
 
-#include "attention/cuda/bwd_kernel.cuh"  // delta_kernel
-#include "attention/cuda/params.h"
+#include "attention/cosine/cuda/bwd_kernel.cuh"  // delta_kernel
+#include "attention/cosine/cuda/params.h"
 
 namespace flashcos::cuda {
 

@@ -11,7 +11,7 @@
 
 #include <cstdlib>
 
-#include "attention/cuda/static_switch.h"
+#include "attention/common/cuda/static_switch.h"
 
 namespace flashcos::cuda {
 

@@ -1,7 +1,7 @@
-// Fastmax feature-map kernels (math and shapes in attention/cuda/fastmax.cuh). Both are
+// Fastmax feature-map kernels (math and shapes in attention/fastmax/cuda/fastmax.cuh). Both are
 // memory-bound row kernels: a block walks rows grid-stride, stages the row in shared memory and
 // writes / reads the F features coalesced. The GEMMs around them are cuBLAS (fastmax_chunked.cpp).
-#include "attention/cuda/fastmax.cuh"
+#include "attention/fastmax/cuda/fastmax.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,4 +1,4 @@
-// Fastmax CUDA kernels (attention/cuda/fastmax.cu): torch-free launchers, raw pointers + stream.
+// Fastmax CUDA kernels (attention/fastmax/cuda/fastmax.cu): torch-free launchers, raw pointers + stream.
 //
 // Math in float32 (float64 for kF64).
 // Feature map of one row x (D) into F = 1 + D (+ D (D + 1) / 2) values, row-major upper triangle:
@@ -41,7 +41,7 @@ struct FastmaxFeatureGradParams {
 cudaError_t launch_fastmax_features(const FastmaxFeatureParams& params, cudaStream_t stream);
 cudaError_t launch_fastmax_feature_grad(const FastmaxFeatureGradParams& params, cudaStream_t stream);
 
-// Fused moment scan (attention/cuda/fastmax_scan.cu), bf16 x / y, head dims 16 / 32 / 64.
+// Fused moment scan (attention/fastmax/cuda/fastmax_scan.cu), bf16 x / y, head dims 16 / 32 / 64.
 // Adds into out (N, Lx, Ep) and gx (N, Lx, D) (float32, += through atomics):
 //   out_i += sum_{j visible} f(x_i . y_j) w_j
 //   gx_i  += sum_{j visible} f'(x_i . y_j) (g_i . w_j) y_j

@@ -1,4 +1,4 @@
-// Fused Fastmax moment scan (contract in attention/cuda/fastmax.cuh).
+// Fused Fastmax moment scan (contract in attention/fastmax/cuda/fastmax.cuh).
 //
 // One CTA owns one head, 16 output columns e (an "e slice") and either a group of m values of the
 // quadratic moment (type A) or the linear moments (type B):
@@ -23,8 +23,8 @@
 
 #include <type_traits>
 
-#include "attention/cuda/fastmax.cuh"
-#include "attention/cuda/mma.cuh"
+#include "attention/fastmax/cuda/fastmax.cuh"
+#include "attention/common/cuda/mma.cuh"
 
 namespace flashcos::cuda {
 namespace {

@@ -28,7 +28,7 @@
 //   or merged q (BH, I, D) with k, v (BH, J, D). The output has q's shape and dtype.
 // dtypes: float64 / float32 / bfloat16 / float16. bf16 / fp16 use tensor-core GEMMs with float32
 // accumulation; float32 inputs are computed in float64 (the factorised sums cancel, see
-// fastmax_chunked.cpp); the output has the input dtype. Any device; CUDA tensors use the CUDA kernels (attention/cuda/fastmax*.cu).
+// fastmax_chunked.cpp); the output has the input dtype. Any device; CUDA tensors use the CUDA kernels (attention/fastmax/cuda/fastmax*.cu).
 //
 //   auto o = flashcos::fastmax_attention(q, k, v, flashcos::FastmaxOptions().p(2).causal(true));
 #pragma once

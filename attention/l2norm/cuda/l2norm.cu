@@ -1,6 +1,6 @@
-// Fused l2norm forward / backward (attention/cuda/l2norm.h). One thread per 8 elements; the
+// Fused l2norm forward / backward (attention/l2norm/cuda/l2norm.h). One thread per 8 elements; the
 // gs / 8 threads of a group sit side by side in one warp and reduce with xor shuffles.
-#include "attention/cuda/l2norm.h"
+#include "attention/l2norm/cuda/l2norm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

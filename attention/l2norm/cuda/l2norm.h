@@ -1,4 +1,4 @@
-// Torch-free parameters of the fused l2norm kernels (attention/cuda/l2norm.cu):
+// Torch-free parameters of the fused l2norm kernels (attention/l2norm/cuda/l2norm.cu):
 //   y = x r,  r = 1 / max(|x_g|, eps)  per group g of `gs` consecutive elements of the last dim;
 //   dx = r (dy - y sum_g(dy y))  where |x_g| > eps, else r dy   (y recomputed from x in fp32).
 // Tensors are 4-D (n0, n1, n2, D) with a contiguous last dim and any other strides (elements);
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "attention/cuda/params.h"  // DType
+#include "attention/common/cuda/dtype.h"
 
 namespace flashcos::cuda {
 

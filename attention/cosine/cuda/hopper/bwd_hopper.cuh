@@ -26,9 +26,9 @@
 // lockstep version: docs/kernels.md, "Hopper family".
 #pragma once
 
-#include "attention/cuda/bwd_kernel.cuh"
-#include "attention/cuda/hopper/common.cuh"
-#include "attention/cuda/hopper/wgmma.cuh"
+#include "attention/cosine/cuda/bwd_kernel.cuh"
+#include "attention/cosine/cuda/hopper/common.cuh"
+#include "attention/cosine/cuda/hopper/wgmma.cuh"
 
 namespace flashcos::cuda::hopper {
 
@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
 
 namespace flashcos::cuda {
 
-// Query rows per backward step by tile variant (attention/cuda/tuning.h): variant 0 is in use,
+// Query rows per backward step by tile variant (attention/cosine/cuda/tuning.h): variant 0 is in use,
 // d64 variant 1 is the 64-row step (H100 bf16 n8192, TFLOP/s: 128 rows 298, 64 rows 278;
 // docs/kernels.md). d128 has one shape: 128-row steps spill heavily there.
 template <int D>

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "attention/cuda/mma.cuh"
+#include "attention/common/cuda/mma.cuh"
 
 namespace flashcos::cuda::hopper {
 

@@ -18,9 +18,9 @@
 
 #include <type_traits>
 
-#include "attention/cuda/fwd_kernel.cuh"
-#include "attention/cuda/hopper/common.cuh"
-#include "attention/cuda/hopper/wgmma.cuh"
+#include "attention/cosine/cuda/fwd_kernel.cuh"
+#include "attention/cosine/cuda/hopper/common.cuh"
+#include "attention/cosine/cuda/hopper/wgmma.cuh"
 
 namespace flashcos::cuda::hopper {
 
