@@ -52,7 +52,7 @@ say "recipe: $DEF, Debian $release from $mirror, $(def_packages | wc -l) package
 say "source: git HEAD $(git rev-parse --short HEAD) ($(git log -1 --format=%cd --date=iso-strict HEAD))"
 
 WORKDIR=${WORKDIR:-$(mktemp -d /var/tmp/flashcos-container.XXXXXX)}
-rootfs="$WORKDIR/rootfs"
+mkdir -p "$WORKDIR"; rootfs="$WORKDIR/rootfs"
 [ ! -e "$rootfs" ] || die "$rootfs exists already; give an empty WORKDIR"
 cleanup() {
   local rc=$?
