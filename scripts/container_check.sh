@@ -79,11 +79,17 @@ mount -t proc proc "$rootfs/proc"
 mount --rbind /sys "$rootfs/sys" && mount --make-rslave "$rootfs/sys"
 mount --rbind /dev "$rootfs/dev" && mount --make-rslave "$rootfs/dev"
 cp -L /etc/resolv.conf "$rootfs/etc/resolv.conf"
+# Networks that intercept TLS: the host's CA bundle for pip and curl (not a part of the image).
+ca_env=()
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  cp /etc/ssl/certs/ca-certificates.crt "$rootfs/tmp/host-ca-bundle.crt"
+  ca_env=(SSL_CERT_FILE=/tmp/host-ca-bundle.crt PIP_CERT=/tmp/host-ca-bundle.crt)
+fi
 
 in_chroot() {  # in_chroot SECTION: the section's body under /bin/sh -e, as Apptainer runs it
   section "$1" > "$rootfs/tmp/section-$1.sh"
   chroot "$rootfs" /usr/bin/env -i HOME=/root TERM=dumb LC_ALL=C.UTF-8 \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin JOBS="${JOBS:-$(nproc)}" \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin JOBS="${JOBS:-$(nproc)}" "${ca_env[@]}" \
     /bin/sh -e "/tmp/section-$1.sh"
 }
 
