@@ -1,3 +1,5 @@
+  [ -n "${rootfs:-}" ] || exit $rc
+  findmnt -rn -o TARGET | awk -v p="$rootfs/" 'index($0, p) == 1' | sort -r | while read -r m; do umount -l "$m" || true; done
 #!/usr/bin/env bash
 # Checks container/flashcos.def without Apptainer: builds a chroot of the recipe's Debian release
 # (OSVersion, MirrorURL) with mmdebstrap --variant=minbase (what Apptainer's debootstrap bootstrap
@@ -7,9 +9,11 @@
 #   sudo scripts/container_check.sh [log]     # root (mount, chroot); Debian/Ubuntu with mmdebstrap
 #
 # Environment: JOBS (build jobs inside, default nproc), WORKDIR (where the chroot goes, default a new
-# folder under /var/tmp; it takes ~15 GB), KEEP=1 keeps the chroot afterwards.
-# Not covered: Apptainer itself (SIF image, %files, %environment, %runscript through `apptainer
-# run`) and a GPU (the chroot has no nvcc, so this is the CPU build, as the image is).
+# folder under /var/tmp; it takes ~15 GB), KEEP=1 keeps the chroot afterwards, CUDA_TOOLKIT_DIR (a
+# host CUDA toolkit, e.g. /usr/local/cuda-13.0, mounted read-only: needed to configure against the
+# CUDA torch wheel from PyPI when the CPU wheel is unreachable; the recipe itself brings none).
+# Not covered: Apptainer itself (SIF image, %environment, %runscript through `apptainer run`) and
+# a GPU (GPU suites skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEF=container/flashcos.def
@@ -54,14 +58,14 @@ say "source: git HEAD $(git rev-parse --short HEAD) ($(git log -1 --format=%cd -
 WORKDIR=${WORKDIR:-$(mktemp -d /var/tmp/flashcos-container.XXXXXX)}
 mkdir -p "$WORKDIR"; rootfs="$WORKDIR/rootfs"
 [ ! -e "$rootfs" ] || die "$rootfs exists already; give an empty WORKDIR"
+mounts_under_rootfs() { findmnt -rn -o TARGET | awk -v p="$rootfs/" 'index($0, p) == 1'; }
 cleanup() {
   local rc=$?
-  for m in dev sys proc; do
-    mountpoint -q "$rootfs/$m" 2>/dev/null && umount -R "$rootfs/$m"
-  done
+  # Every mount under the chroot, deepest first; nothing is removed while one is left.
+  mounts_under_rootfs | sort -r | while read -r m; do umount -l "$m" || true; done
   if [ "${KEEP:-0}" = 1 ]; then
     say "kept the chroot in $rootfs"
-  elif [ -d "$rootfs" ] && ! findmnt -rn -o TARGET | grep -q "^$rootfs/"; then
+  elif [ -d "$rootfs" ] && [ -z "$(mounts_under_rootfs)" ]; then
     rm -rf --one-file-system "$WORKDIR"
   fi
   exit $rc
@@ -79,6 +83,18 @@ mount -t proc proc "$rootfs/proc"
 mount --rbind /sys "$rootfs/sys" && mount --make-rslave "$rootfs/sys"
 mount --rbind /dev "$rootfs/dev" && mount --make-rslave "$rootfs/dev"
 cp -L /etc/resolv.conf "$rootfs/etc/resolv.conf"
+# CUDA_TOOLKIT_DIR: a CUDA toolkit of the host, read-only at the same path, named by CUDA_PATH (as
+# on a machine with the toolkit installed): a CUDA libtorch's CMake config enables CUDA, so nvcc
+# must be found; flashcos then compiles its kernels too (no GPU needed for that).
+toolkit_env=()
+if [ -n "${CUDA_TOOLKIT_DIR:-}" ]; then
+  [ -x "$CUDA_TOOLKIT_DIR/bin/nvcc" ] || die "CUDA_TOOLKIT_DIR=$CUDA_TOOLKIT_DIR has no bin/nvcc"
+  mkdir -p "$rootfs$CUDA_TOOLKIT_DIR"
+  mount --bind "$CUDA_TOOLKIT_DIR" "$rootfs$CUDA_TOOLKIT_DIR"
+  mount -o remount,bind,ro "$rootfs$CUDA_TOOLKIT_DIR"
+  toolkit_env=(CUDA_PATH="$CUDA_TOOLKIT_DIR")
+  say "host CUDA toolkit $CUDA_TOOLKIT_DIR visible read-only as CUDA_PATH"
+fi
 # Networks that intercept TLS: the host's CA bundle for pip and curl (not a part of the image).
 ca_env=()
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
@@ -89,19 +105,19 @@ fi
 in_chroot() {  # in_chroot SECTION: the section's body under /bin/sh -e, as Apptainer runs it
   section "$1" > "$rootfs/tmp/section-$1.sh"
   chroot "$rootfs" /usr/bin/env -i HOME=/root TERM=dumb LC_ALL=C.UTF-8 \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin JOBS="${JOBS:-$(nproc)}" "${ca_env[@]}" \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin JOBS="${JOBS:-$(nproc)}" "${ca_env[@]}" "${toolkit_env[@]}" \
     /bin/sh -e "/tmp/section-$1.sh"
 }
 
 say "%post"
 start=$(date +%s)
-in_chroot post
+in_chroot post || { rc=$?; say "%post FAILED (exit $rc) after $(( ($(date +%s) - start) / 60 )) min"; exit $rc; }
 say "%post passed in $(( ($(date +%s) - start) / 60 )) min"
 
 say "%test"
 start=$(date +%s)
-in_chroot test
+in_chroot test || { rc=$?; say "%test FAILED (exit $rc)"; exit $rc; }
 say "%test passed in $(( ($(date +%s) - start) / 60 )) min"
-say "image contents: $(du -sh --exclude=proc --exclude=sys --exclude=dev "$rootfs" | cut -f1)," \
+say "/opt/flashcos in the image: $(du -sh "$rootfs/opt/flashcos" | cut -f1)," \
     "torch $(chroot "$rootfs" /opt/flashcos/.venv/bin/python -c 'import torch; print(torch.__version__)' 2>/dev/null || echo '?')"
 say "OK: the recipe's %setup, %post and %test ran in a Debian $release chroot"
