@@ -1,5 +1,3 @@
-  [ -n "${rootfs:-}" ] || exit $rc
-  findmnt -rn -o TARGET | awk -v p="$rootfs/" 'index($0, p) == 1' | sort -r | while read -r m; do umount -l "$m" || true; done
 #!/usr/bin/env bash
 # Checks container/flashcos.def without Apptainer: builds a chroot of the recipe's Debian release
 # (OSVersion, MirrorURL) with mmdebstrap --variant=minbase (what Apptainer's debootstrap bootstrap
