@@ -49,7 +49,7 @@ awk '
   }
   / every implementation / { intable = 1; next }
   intable && $1 == "seq_len" { next }
-  intable && NF >= 4 && $1 ~ /^[0-9]+$/ { print dt "|" dim "|" mask "|" pass "|" $1 "|" $2 "|" $4; next }
+  intable && NF >= 4 && $1 ~ /^[0-9]+$/ && $4 ~ /^[0-9.]+$/ { print dt "|" dim "|" mask "|" pass "|" $1 "|" $2 "|" $4; next }
   intable && NF == 0 { intable = 0 }
 ' "${inputs[@]}" > "$tmp/rows"
 
@@ -72,10 +72,10 @@ ymax=$(awk -F'|' '$7 + 0 > m { m = $7 + 0 } END { print int(m * 1.15 / 50 + 1) *
 xtics=$(cut -d'|' -f5 "$tmp/sel" | sort -n -u | awk '{ printf "%s\"%s\" %s", (NR > 1 ? ", " : ""), ($1 % 1024 == 0 ? $1 / 1024 "k" : $1), $1 }')
 ncols=$(echo "$cols" | wc -l); nrows=${#pass_list[@]}
 
-colour() {  # fused in red, the rest in fixed colours by order
+colour() {  # colour IMPL N: fused red, flash blue, cuDNN grey, the N-th other implementation from a list
   case "$1" in
     fused) echo "#c0392b" ;; sdpa-flash) echo "#2471a3" ;; sdpa-cudnn) echo "#7f8c8d" ;;
-    *) local c=("#27ae60" "#8e44ad" "#d68910" "#17202a"); echo "${c[$(( $2 % 4 ))]}" ;;
+    *) local c=("#27ae60" "#8e44ad" "#d68910" "#17202a" "#e84393" "#00838f"); echo "${c[$(( $2 % 6 ))]}" ;;
   esac
 }
 
@@ -86,7 +86,7 @@ colour() {  # fused in red, the rest in fixed colours by order
   echo "set datafile separator '|'; set termoption noenhanced"
   echo "set multiplot layout $nrows,$ncols title \"TFLOP/s by sequence length, $dtype, $shape\\n$device\" font ',12'"
   echo "set logscale x 2; set xtics ($xtics); set xrange [*:*]; set offsets graph 0.08, graph 0.08, 0, 0"
-  echo "set yrange [0:$ymax]; set grid ytics lc rgb '#dddddd'; set key top left box opaque"
+  echo "set yrange [0:$ymax]; set grid ytics lc rgb '#dddddd'; set key top left box opaque$( [ "$(echo "$impls" | wc -l)" -gt 4 ] && echo " font ',8' spacing 0.8 samplen 2")"
   echo "set xlabel 'n (queries = keys)'; set ylabel 'TFLOP/s'"
   first=1
   for p in "${pass_list[@]}"; do
@@ -95,16 +95,16 @@ colour() {  # fused in red, the rest in fixed colours by order
       echo "set title '$p, $mask, d $dim'"
       [ $first = 1 ] && echo "set key" || echo "unset key"
       first=0
-      plot="plot"; i=0
+      plot="plot"; others=0
       while read -r impl; do
         f="$tmp/$(echo "$p-$mask-$dim-$impl" | tr -c 'A-Za-z0-9-\n' '_').dat"
         awk -F'|' -v p="$p" -v m="$mask" -v d="$dim" -v im="$impl" \
           '$4 == p && $3 == m && $2 == d && $6 == im { print $5 "|" $7 }' "$tmp/sel" | sort -t'|' -n -k1,1 > "$f"
         if [ -s "$f" ]; then
           lw=2; label="$impl"; [ "$impl" = fused ] && { lw=3; label='fused (flashcos)'; }
-          plot="$plot '$f' using 1:2 with linespoints lw $lw pt 7 ps 0.8 lc rgb '$(colour "$impl" $i)' title '$label',"
+          plot="$plot '$f' using 1:2 with linespoints lw $lw pt 7 ps 0.8 lc rgb '$(colour "$impl" "$others")' title '$label',"
         fi
-        i=$((i + 1))
+        case "$impl" in fused|sdpa-flash|sdpa-cudnn) ;; *) others=$((others + 1)) ;; esac
       done <<< "$impls"
       echo "${plot%,}"
     done <<< "$cols"
