@@ -11,7 +11,15 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD_DIR=${BUILD_DIR:-build}
 TORCH_VERSION=2.11.0
-LIBTORCH_URL="https://download.pytorch.org/libtorch/cu130/libtorch-shared-with-deps-${TORCH_VERSION}%2Bcu130.zip"
+# A CUDA libtorch's CMake config enables CUDA, so it needs nvcc even to be configured against:
+# without nvcc take the CPU libtorch (zip or wheel) instead.
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  LIBTORCH_URL="https://download.pytorch.org/libtorch/cu130/libtorch-shared-with-deps-${TORCH_VERSION}%2Bcu130.zip"
+  WHEEL_INDEX=()
+else
+  LIBTORCH_URL="https://download.pytorch.org/libtorch/cpu/libtorch-shared-with-deps-${TORCH_VERSION}%2Bcpu.zip"
+  WHEEL_INDEX=(--index-url https://download.pytorch.org/whl/cpu)
+fi
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -48,7 +56,7 @@ elif command -v python3 >/dev/null && torch_ok python3; then
 elif [ -d third_party/libtorch/share/cmake/Torch ]; then
   torch_prefix="$ROOT/third_party/libtorch"
 elif curl -sfI --max-time 15 "$LIBTORCH_URL" >/dev/null 2>&1; then
-  say "downloading the official libtorch ${TORCH_VERSION} (CUDA 13.0) zip"
+  say "downloading the official libtorch ${TORCH_VERSION} zip: $LIBTORCH_URL"
   mkdir -p third_party
   curl -fL --retry 3 -o third_party/libtorch.zip "$LIBTORCH_URL"
   unzip -q -o third_party/libtorch.zip -d third_party && rm third_party/libtorch.zip
@@ -56,7 +64,12 @@ elif curl -sfI --max-time 15 "$LIBTORCH_URL" >/dev/null 2>&1; then
 else
   say "download.pytorch.org unreachable: installing the torch==${TORCH_VERSION} wheel into .venv (libtorch only)"
   python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check "torch==${TORCH_VERSION}"
+  if [ ${#WHEEL_INDEX[@]} -gt 0 ] && .venv/bin/pip install -q --disable-pip-version-check "${WHEEL_INDEX[@]}" "torch==${TORCH_VERSION}"; then
+    say "installed the CPU wheel (no nvcc here)"
+  else
+    [ ${#WHEEL_INDEX[@]} -gt 0 ] && say "no CPU wheel reachable: the PyPI wheel is a CUDA build, and configuring against it needs nvcc"
+    .venv/bin/pip install -q --disable-pip-version-check "torch==${TORCH_VERSION}"
+  fi
   torch_prefix=$(.venv/bin/python -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi
 say "libtorch: $torch_prefix"
