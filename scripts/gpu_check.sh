@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -16,6 +16,10 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
+# quality: 500-step runs at seq 8192 (QUALITY_RUNS of seed, cosine, learned, fp16, bf16) with a 64-window
+# validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
+# TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
+# unfused-8192 fused-1024 ddp1-8192).
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
 # TRAIN_STEPS (default 40) steps per throughput run; CONVERGE_STEPS (default 500) for `converge`.
 set -uo pipefail
@@ -65,9 +69,9 @@ if has tests; then
 fi
 
 # Throughput of one training configuration: the tokens/s and peak memory of the last progress line.
-train_run() {  # name, args...
+train_run() {  # name, args...   (LAUNCH: a launcher to put in front, e.g. scripts/launch.sh --nproc 1)
   local name=$1; shift
-  "$TRAIN" --data "$DATA" --steps "$TRAIN_STEPS" --log-every 10 --validate-every 1000000 --generate-every 0 \
+  ${LAUNCH:-} "$TRAIN" --data "$DATA" --steps "$TRAIN_STEPS" --log-every 10 --validate-every 1000000 --generate-every 0 \
       --save-every 1000000 --checkpoint-dir "$CK" --run "$name" "$@" > "$LOG/train_$name.log" 2>&1
   local rc=$? last
   last=$(grep -E 'step [0-9]+/' "$LOG/train_$name.log" | tail -1 | sed -E 's/.*\| ([0-9.]+k tok\/s).*(peak mem [0-9.]+ GiB).*/\1, \2/')
@@ -82,6 +86,11 @@ if has train; then
       fused-8192) train_run fused-8192 --seq-len 8192 --batch 4 --use-cuda-kernel ;;
       plain-2048) train_run plain-2048 --seq-len 2048 --batch 4 --attention-impl plain ;;
       sdpa-2048) train_run sdpa-2048 --seq-len 2048 --batch 4 --attention-impl sdpa ;;
+      rope-8192) train_run rope-8192 --seq-len 8192 --batch 4 --use-cuda-kernel --pos rope ;;
+      learned-8192) train_run learned-8192 --seq-len 8192 --batch 4 --use-cuda-kernel --pos learned ;;
+      unfused-8192) FLASHCOS_FUSED_OPS=0 train_run unfused-8192 --seq-len 8192 --batch 4 --use-cuda-kernel ;;
+      fused-1024) train_run fused-1024 --seq-len 1024 --batch 32 --use-cuda-kernel ;;
+      ddp1-8192) LAUNCH="scripts/launch.sh --nproc 1" train_run ddp1-8192 --seq-len 8192 --batch 4 --use-cuda-kernel ;;
     esac
   done
 fi
@@ -104,6 +113,42 @@ if has converge; then
         --generate-every 0 --save-every 100000 --log-every 50 --checkpoint-dir "$CK" --run conv-$impl $flag \
         > "$LOG/converge_$impl.log" 2>&1
     row "converge $impl (val bpc by 100s)" "$(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/converge_$impl.log" | awk '{print $5}' | tr '\n' ' ')"
+  done
+fi
+
+# Validation bpc after QUALITY_STEPS (default 500) steps at seq 8192 (fused kernels, rope), for the seed's
+# recipe (lr 2e-4 constant) and the warmup + cosine recipe (lr 1e-3, 100 warmup steps, cosine to 0.1x),
+# each checkpoint evaluated on 64 evenly spaced validation windows; QUALITY_RUNS picks (seed cosine fp16).
+quality_run() {  # name, args...
+  local name=$1; shift
+  "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --use-cuda-kernel --steps "${QUALITY_STEPS:-500}" \
+      --validate-every 100 --val-windows 16 --generate-every 0 --save-every 100000 --log-every 50 \
+      --checkpoint-dir "$CK" --run "q-$name" "$@" > "$LOG/quality_$name.log" 2>&1
+  local rc=$?
+  "$TRAIN" eval --checkpoint "$CK/q-$name" --which val --max-windows 64 > "$LOG/quality_${name}_eval.log" 2>&1
+  row "quality $name val bpc /100 steps" "rc $rc: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/quality_$name.log" | awk '{print $5}' | tr '\n' ' ')"
+  row "  $name eval 64 val windows" "$(grep -oE '[0-9.]+ bits/char' "$LOG/quality_${name}_eval.log") $(grep -E 'step [0-9]+/' "$LOG/quality_$name.log" | tail -1 | grep -oE '[0-9.]+k tok/s')"
+}
+if has quality; then
+  for q in ${QUALITY_RUNS:-seed cosine}; do
+    case $q in
+      seed) quality_run seed --lr 2e-4 --warmup 0 --schedule constant ;;
+      cosine) quality_run cosine --lr 1e-3 --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
+      learned) quality_run learned --pos learned --lr 2e-4 --warmup 0 --schedule constant ;;
+      fp16) quality_run fp16 --precision fp16 ;;
+      bf16) quality_run bf16 --precision bf16 ;;
+    esac
+  done
+fi
+
+# Sampling speed from the newest quality checkpoint: wall time of `sample --length` 2048 and 16384.
+if has sample; then
+  ck=$(ls -td "$CK"/q-* 2>/dev/null | head -1)
+  for len in 2048 16384; do
+    t0=$(date +%s.%N)
+    "$TRAIN" sample --checkpoint "$ck" --data "$DATA" --length $len --seed 1 > "$LOG/sample_$len.log" 2>&1
+    rc=$?
+    row "sample --length $len" "rc $rc: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}') s wall; $(grep -oE '[0-9.]+ bytes/s' "$LOG/sample_$len.log" | tail -1)"
   done
 fi
 
