@@ -12,6 +12,7 @@
 #include <flashcos/attention.h>
 
 #include "attention/l2norm/l2norm_cuda.h"
+#include "model/autocast.h"
 #include "model/gpt.h"
 #include "tests/attention_test_util.h"
 #include "tests/rotary_test_util.h"
@@ -159,11 +160,11 @@ TEST(RotaryModelCuda, SameLogitsUnderEveryImpl) {
       auto dst = m->parameters(), src = ref->parameters();
       ASSERT_EQ(dst.size(), src.size());
       for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      const auto logits = m->forward(tokens).to(torch::kDouble);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
+      at::Tensor logits;
+      {
+        flashcos::model::AutocastScope autocast(true, torch::kCUDA, torch::kBFloat16);
+        logits = m->forward(tokens).to(torch::kDouble);
+      }
       EXPECT_LT(rel_err(logits, logits_ref), 2e-2) << impl << " groups " << groups;
     }
   }
