@@ -3,6 +3,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -24,7 +26,8 @@ int run_sample(int argc, char** argv) {
       ("prime-length", "bytes of the random validation slice", cxxopts::value<int64_t>()->default_value("128"))
       ("data", "corpus for the random prime", cxxopts::value<std::string>()->default_value("data/enwik8"))
       ("split", "train,val,test split of --data", cxxopts::value<std::string>()->default_value("90M,5M,5M"))
-      ("length", "bytes to generate", cxxopts::value<int64_t>()->default_value("512"))
+      ("length", "bytes to generate; with rope (or no) positions it may exceed the training seq-len: the KV cache slides, keeping the last max_seq_len positions", cxxopts::value<int64_t>()->default_value("512"))
+      ("no-kv-cache", "re-run the whole window per byte instead of decoding against the KV cache")
       ("temperature", "sampling temperature", cxxopts::value<double>()->default_value("1.0"))
       ("filter-thres", "top-k filter: keep the top (1 - thres) of the logits", cxxopts::value<double>()->default_value("0.9"))
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("0"))
@@ -62,9 +65,11 @@ int run_sample(int argc, char** argv) {
     so.temperature = r["temperature"].as<double>();
     so.filter_thres = r["filter-thres"].as<double>();
     so.seed = r["seed"].as<uint64_t>();
+    so.use_cache = r.count("no-kv-cache") == 0;
     std::printf("%s", data::decode_bytes(prime).c_str());
     std::fflush(stdout);
     const bool stream = r.count("stream") > 0;
+    const auto t0 = std::chrono::steady_clock::now();
     auto out = model::generate(gpt, prime.to(device), so, [&](int64_t token) {
       if (stream) {
         std::printf("%s", data::decode_bytes(at::full({1}, token, at::kLong)).c_str());
@@ -73,6 +78,9 @@ int run_sample(int argc, char** argv) {
     });
     if (!stream) std::printf("%s", data::decode_bytes(out).c_str());
     std::printf("\n");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "generated %lld bytes in %.3f s (%.1f bytes/s, %s)\n", static_cast<long long>(out.numel()), secs,
+                 static_cast<double>(out.numel()) / std::max(secs, 1e-9), so.use_cache ? "KV cache" : "no cache");
     return 0;
   });
 }

@@ -11,7 +11,7 @@ namespace flashcos::app {
 namespace {
 
 const char* kModelFlags[] = {"dim", "depth", "heads", "dim-head", "attention", "attention-impl", "use-cuda-kernel",
-                             "attn-scale", "l2norm-groups", "max-seq-len", "fastmax-p"};
+                             "attn-scale", "l2norm-groups", "max-seq-len", "fastmax-p", "pos", "rope-base"};
 
 }  // namespace
 
@@ -29,10 +29,12 @@ int run_train(int argc, char** argv) {
       ("depth", "transformer blocks", cxxopts::value<int64_t>()->default_value("8"))
       ("heads", "attention heads", cxxopts::value<int64_t>()->default_value("8"))
       ("dim-head", "head dimension", cxxopts::value<int64_t>()->default_value("64"))
-      ("max-seq-len", "learned positions (default: --seq-len)", cxxopts::value<int64_t>())
+      ("max-seq-len", "context of the model: learned positions, sampling window (default: --seq-len)", cxxopts::value<int64_t>())
+      ("pos", "positions: rope (rotary, q and k rotated after their l2norm) | learned | none", cxxopts::value<std::string>()->default_value("rope"))
+      ("rope-base", "rotary base: pair m of a group of gs features turns by position * base^(-2m/gs)", cxxopts::value<double>()->default_value("10000"))
       ("attn-scale", "cosine-sim attention scale", cxxopts::value<double>()->default_value("10"))
       ("l2norm-groups", "groups of the q/k l2norm", cxxopts::value<int64_t>()->default_value("1"))
-      ("attention", "cosine | softmax | fastmax", cxxopts::value<std::string>()->default_value("cosine"))
+      ("attention", "cosine | exp (unnormalised exp(scale q.k) on l2-normalised q, k) | softmax | fastmax", cxxopts::value<std::string>()->default_value("cosine"))
       ("attention-impl", "plain | sdpa | tiled", cxxopts::value<std::string>()->default_value("plain"))
       ("use-cuda-kernel", "use the fused CUDA attention kernel")
       ("fastmax-p", "fastmax polynomial order (1 or 2)", cxxopts::value<int64_t>()->default_value("2"));
@@ -114,6 +116,8 @@ int run_train(int argc, char** argv) {
       m.attention_impl = "fused";
     }
     m.fastmax_p = r["fastmax-p"].as<int64_t>();
+    m.pos = r["pos"].as<std::string>();
+    m.rope_base = r["rope-base"].as<double>();
     m.validate();
 
     if (!c.resume.empty()) {

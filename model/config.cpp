@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <stdexcept>
 
 namespace flashcos::model {
@@ -22,8 +23,15 @@ void ModelConfig::validate() const {
   require(max_seq_len >= 1, "max_seq_len must be >= 1, got " + std::to_string(max_seq_len));
   require(l2norm_groups >= 1 && dim_head % l2norm_groups == 0,
           "l2norm groups (" + std::to_string(l2norm_groups) + ") must divide --dim-head " + std::to_string(dim_head));
-  require(attention == "cosine" || attention == "softmax" || attention == "fastmax",
-          "--attention must be cosine, softmax or fastmax, got '" + attention + "'");
+  require(attention == "cosine" || attention == "exp" || attention == "softmax" || attention == "fastmax",
+          "--attention must be cosine, exp, softmax or fastmax, got '" + attention + "'");
+  require(pos == "rope" || pos == "learned" || pos == "none", "--pos must be rope, learned or none, got '" + pos + "'");
+  require(rope_base > 1 && std::isfinite(rope_base), "--rope-base must be a finite number > 1, got " + std::to_string(rope_base));
+  require(pos != "rope" || (dim_head / l2norm_groups) % 2 == 0,
+          "--pos rope rotates pairs of features: --dim-head / --l2norm-groups (" +
+              std::to_string(dim_head / l2norm_groups) + ") must be even");
+  require(!(attention == "exp" && attention_impl == "sdpa"),
+          "--attention exp is unnormalised: libtorch's sdpa cannot compute it; use --attention-impl plain or tiled, or --use-cuda-kernel");
   require(attention_impl == "plain" || attention_impl == "sdpa" || attention_impl == "tiled" ||
               attention_impl == "fused",
           "--attention-impl must be plain, sdpa or tiled (or fused via --use-cuda-kernel), got '" +
@@ -43,6 +51,8 @@ std::string ModelConfig::to_json() const {
                       {"attn_scale", attn_scale},
                       {"l2norm_groups", l2norm_groups},
                       {"attention", attention},
+                      {"pos", pos},
+                      {"rope_base", rope_base},
                       {"attention_impl", attention_impl},
                       {"fastmax_p", fastmax_p},
                       {"fastmax_a0", fastmax_a0},
@@ -67,6 +77,8 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
     c.l2norm_groups = j.at("l2norm_groups");
     c.attention = j.at("attention");
     c.attention_impl = j.at("attention_impl");
+    c.pos = j.value("pos", std::string("learned"));  // older checkpoints: learned positions
+    c.rope_base = j.value("rope_base", c.rope_base);
     c.fastmax_p = j.value("fastmax_p", c.fastmax_p);
     c.fastmax_a0 = j.value("fastmax_a0", c.fastmax_a0);
     c.fastmax_a1 = j.value("fastmax_a1", c.fastmax_a1);
@@ -85,7 +97,8 @@ int64_t ModelConfig::num_parameters() const {
   const int64_t attn = 3 * dim * inner + inner * dim;
   const int64_t ff = dim * 4 * dim + 4 * dim + 4 * dim * dim + dim;
   const int64_t block = attn + ff + 4 * dim;  // two LayerNorms
-  return vocab * dim + max_seq_len * dim + depth * block + 2 * dim + dim * vocab + vocab;
+  const int64_t positions = pos == "learned" ? max_seq_len * dim : 0;
+  return vocab * dim + positions + depth * block + 2 * dim + dim * vocab + vocab;
 }
 
 }  // namespace flashcos::model

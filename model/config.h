@@ -12,10 +12,15 @@ struct ModelConfig {
   int64_t depth = 8;             // blocks
   int64_t heads = 8;             // NH
   int64_t dim_head = 64;         // HS
-  int64_t max_seq_len = 8192;    // learned positions
+  int64_t max_seq_len = 8192;    // training context: learned positions, the KV cache's window
   double attn_scale = 10.0;      // cosine-sim attention scale
   int64_t l2norm_groups = 1;     // groups of the l2norm of q and k
-  std::string attention = "cosine";     // cosine | softmax | fastmax
+  std::string attention = "cosine";     // cosine | exp | softmax | fastmax
+  // Positions: rope (rotary, q and k rotated after their l2norm, per l2norm group; DESIGN.md),
+  // learned (an absolute position embedding of max_seq_len rows), none. Checkpoints written
+  // before this field existed hold learned positions.
+  std::string pos = "rope";
+  double rope_base = 10000.0;
   std::string attention_impl = "plain"; // plain | sdpa | tiled | fused
   // Fastmax (attention == "fastmax"): f(x) = a0 + a1 x (+ a2 x^2 when p = 2), x = q.k / temperature.
   int64_t fastmax_p = 2;

@@ -1,3 +1,9 @@
+// Sampling: prefill the prime once into a KV cache (GPT::forward_cached), then one byte at a time
+// against the cached keys and values (O(context) work per byte). The uncached path re-runs the
+// whole window (the last max_seq_len tokens) per byte; it serves models that cannot cache
+// (fastmax) and learned-position models once the context passes max_seq_len (their positions
+// shift with the window, so cached keys would be stale). With rope or no positions the cache
+// slides instead, which is the same attention as the window (rotary logits depend on i - j only).
 #include "model/generate.h"
 
 #include <ATen/ATen.h>
@@ -27,11 +33,23 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
   const int64_t top_k = std::max<int64_t>(1, static_cast<int64_t>(std::lround((1.0 - opts.filter_thres) * vocab)));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   auto context = prime;
+  auto window_of = [&](const at::Tensor& c) { return c.size(1) > max_len ? c.slice(1, c.size(1) - max_len) : c; };
+
+  KVCache cache;
+  const at::Tensor first = window_of(prime);
+  bool cached = opts.use_cache && model->can_cache(0, first.size(1));
+  at::Tensor last;  // (1, vocab) logits of the newest position
+  if (cached) {
+    last = model->forward_cached(first, cache).select(1, first.size(1) - 1);
+  }
   std::vector<int64_t> out;
   out.reserve(opts.length);
   for (int64_t t = 0; t < opts.length; ++t) {
-    auto window = context.size(1) > max_len ? context.slice(1, context.size(1) - max_len) : context;
-    auto logits = model->forward(window).select(1, window.size(1) - 1).to(at::kFloat).cpu();  // (1, vocab)
+    if (!cached) {
+      auto window = window_of(context);
+      last = model->forward(window).select(1, window.size(1) - 1);
+    }
+    auto logits = last.to(at::kFloat).cpu();  // (1, vocab)
     auto top = logits.topk(top_k, -1);
     auto probs = (std::get<0>(top) / opts.temperature).softmax(-1);
     auto pick = at::multinomial(probs, 1, /*replacement=*/false, gen);
@@ -39,6 +57,13 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
     out.push_back(token);
     if (on_token) on_token(token);
     context = at::cat({context, at::full({1, 1}, token, context.options())}, 1);
+    if (t + 1 == opts.length) break;
+    if (cached && model->can_cache(cache.next_pos, 1)) {
+      last = model->forward_cached(context.slice(1, context.size(1) - 1), cache).select(1, 0);
+    } else if (cached) {
+      cached = false;  // learned positions past max_seq_len: the windowed path from here on
+      cache = KVCache();
+    }
   }
   if (was_training) model->train();
   return at::tensor(out, at::kLong).view({1, -1});

@@ -16,10 +16,15 @@ struct SampleOptions {
   double temperature = 1.0;
   double filter_thres = 0.9;
   uint64_t seed = 0;
+  // Prefill the prime into a KV cache and decode one byte at a time against it (generate.cpp);
+  // false: re-run the whole window per byte (the reference the cached path is tested against).
+  bool use_cache = true;
 };
 
 // prime (1, n) int64 on the model's device -> (1, length) generated tokens (CPU, int64).
-// The context is cropped to the model's max_seq_len. on_token (optional) sees each new byte.
+// The context is cropped to the model's max_seq_len (the last max_seq_len bytes are attended; with
+// rope or no positions the KV cache slides, so length may exceed max_seq_len at O(max_seq_len)
+// per byte). on_token (optional) sees each new byte.
 at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& opts,
                     const std::function<void(int64_t)>& on_token = nullptr);
 

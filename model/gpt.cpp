@@ -10,6 +10,8 @@
 #include <ATen/ops/_fused_sdp_choice.h>
 
 #include <mutex>
+#include <stdexcept>
+#include <tuple>
 
 #include <flashcos/attention.h>
 #include <flashcos/fastmax.h>
@@ -48,6 +50,18 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg) : cfg_(cfg) {
   to_out_ = register_module("to_out", torch::nn::Linear(torch::nn::LinearOptions(inner, cfg.dim).bias(false)));
 }
 
+std::pair<torch::Tensor, torch::Tensor> AttentionImpl::prepare_qk(torch::Tensor q, torch::Tensor k, int64_t pos) const {
+  const bool rope = cfg_.pos == "rope";
+  const int64_t G = cfg_.l2norm_groups;
+  if (cfg_.attention == "cosine" || cfg_.attention == "exp") {
+    if (rope) return {l2norm_rotary(q, G, cfg_.rope_base, pos), l2norm_rotary(k, G, cfg_.rope_base, pos)};
+    return {l2norm(q, G), l2norm(k, G)};
+  }
+  // softmax / fastmax: q and k as projected, rotated in l2norm-group pairs all the same.
+  if (rope) return {rotary(q, G, cfg_.rope_base, pos), rotary(k, G, cfg_.rope_base, pos)};
+  return {q, k};
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), NH = cfg_.heads, HS = cfg_.dim_head;
   auto split_heads = [&](const torch::Tensor& t) { return t.view({B, T, NH, HS}).transpose(1, 2); };
@@ -56,11 +70,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   // layer on the default model at seq 8192, batch 4). q, k, v are views into the (B, T, 3 inner)
   // result (last dim contiguous).
   const int64_t inner = NH * HS;
+  const bool rope = cfg_.pos == "rope";
   auto qkv = F::linear(x, torch::cat({to_q_->weight, to_k_->weight, to_v_->weight}, 0));
   if (cfg_.attention == "cosine" && cfg_.attention_impl == "fused") {
     // The QKV entry point: the fused kernels read q, k, v in place from the projection, write o
-    // in (B, T, heads, dim_head) order and return one packed gradient for it (attention.h).
+    // in (B, T, heads, dim_head) order and return one packed gradient for it (attention.h); the
+    // rotation runs inside its l2norm kernels.
     auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
+    opts.rotary(rope).rotary_base(cfg_.rope_base);
     return to_out_(cosine_sim_attention_qkv(qkv, NH, opts.backend(Backend::kFused)));
   }
   auto q = split_heads(qkv.narrow(-1, 0, inner));  // (B, NH, T, HS)
@@ -72,14 +89,17 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor o;
   if (cfg_.attention == "cosine") {
     auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
+    opts.rotary(rope).rotary_base(cfg_.rope_base);
     if (cfg_.attention_impl == "sdpa") {
       // Softmax is shift-invariant, so softmax(scale * q.k) on l2-normalised q, k is exactly the
       // cosine-sim attention (no key mask here, so no row is ever empty). q, k are normalised by
       // RMSNorm (one fused pass each way on CUDA) on their contiguous (B, T, heads, groups, gs)
       // projections: rms_norm(x) = sqrt(gs) x / |x| per group, so the scale becomes scale / gs.
+      // The rotation commutes with that factor sqrt(gs).
       const int64_t G = cfg_.l2norm_groups, gs = HS / G;
       auto rms = [&](const torch::Tensor& t) {
-        return rms_normalize(t.view({B, T, NH * G, gs})).view({B, T, NH, HS}).transpose(1, 2);
+        auto n = rms_normalize(t.view({B, T, NH * G, gs})).view({B, T, NH, HS}).transpose(1, 2);
+        return rope ? rotary(n, G, cfg_.rope_base, 0) : n;
       };
       q = rms(q.transpose(1, 2));
       k = rms(k.transpose(1, 2));
@@ -91,7 +111,18 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     } else {
       o = cosine_sim_attention(q, k, v, opts.backend(cfg_.attention_impl == "fused" ? Backend::kFused : Backend::kTiled));
     }
+  } else if (cfg_.attention == "exp") {
+    // The unnormalised exp kind, o_i = sum_j exp(scale q_i.k_j) v_j, on l2-normalised (and rotated)
+    // q, k, so that its logits stay in [-scale, scale] (attention/README.md: finite range).
+    auto [qn, kn] = prepare_qk(q, k, 0);
+    auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).kind(AttentionKind::kExp);
+    if (cfg_.attention_impl == "plain") {
+      o = plain_cosine_sim_attention(qn, kn, v, opts);
+    } else {
+      o = cosine_sim_attention(qn, kn, v, opts.backend(cfg_.attention_impl == "fused" ? Backend::kFused : Backend::kTiled));
+    }
   } else if (cfg_.attention == "softmax") {
+    std::tie(q, k) = prepare_qk(q, k, 0);
     if (cfg_.attention_impl == "sdpa") {
       log_sdpa_backend(q, k, v, 1.0 / std::sqrt(static_cast<double>(HS)));
       o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
@@ -101,6 +132,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
       o = torch::matmul(sim.masked_fill(causal, -std::numeric_limits<double>::infinity()).softmax(-1), v);
     }
   } else {  // fastmax
+    std::tie(q, k) = prepare_qk(q, k, 0);
     auto opts = FastmaxOptions()
                     .p(cfg_.fastmax_p)
                     .a0(cfg_.fastmax_a0)
@@ -113,6 +145,45 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     o = fastmax_attention(q, k, v, opts);
   }
   return to_out_(o.transpose(1, 2).reshape({B, T, NH * HS}));
+}
+
+torch::Tensor AttentionImpl::attend_prepared(const torch::Tensor& q, const torch::Tensor& k,
+                                             const torch::Tensor& v) const {
+  // q (1, NH, n, HS) against the cached k, v (1, NH, L, HS), L >= n, causal bottom-right aligned
+  // (query i sits at key L - n + i). Plain libtorch ops: at one query row the work is two
+  // matrix-vector products per head.
+  if (cfg_.attention == "cosine" || cfg_.attention == "exp") {
+    auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups).l2norm_qk(false);
+    if (cfg_.attention == "exp") opts.kind(AttentionKind::kExp);
+    return plain_cosine_sim_attention(q, k, v, opts);
+  }
+  TORCH_CHECK(cfg_.attention == "softmax", "cached attention: --attention ", cfg_.attention, " has no cached path");
+  const int64_t n = q.size(2), L = k.size(2);
+  auto sim = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(cfg_.dim_head));
+  auto rows = torch::arange(n, q.options().dtype(torch::kLong)).unsqueeze(1) + (L - n);
+  auto cols = torch::arange(L, q.options().dtype(torch::kLong)).unsqueeze(0);
+  return torch::matmul(sim.masked_fill(cols > rows, -std::numeric_limits<double>::infinity()).softmax(-1), v);
+}
+
+torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, LayerCache& cache, int64_t pos) {
+  const int64_t B = x.size(0), n = x.size(1), NH = cfg_.heads, HS = cfg_.dim_head, inner = NH * HS;
+  auto split_heads = [&](const torch::Tensor& t) { return t.view({B, n, NH, HS}).transpose(1, 2); };
+  auto qkv = F::linear(x, torch::cat({to_q_->weight, to_k_->weight, to_v_->weight}, 0));
+  auto q = split_heads(qkv.narrow(-1, 0, inner));
+  auto k = split_heads(qkv.narrow(-1, inner, inner)).to(q.scalar_type());
+  auto v = split_heads(qkv.narrow(-1, 2 * inner, inner)).to(q.scalar_type());
+  auto [qp, kp] = prepare_qk(q, k, pos);
+  cache.k = cache.k.defined() ? torch::cat({cache.k, kp.to(cache.k.scalar_type())}, 2) : kp.contiguous();
+  cache.v = cache.v.defined() ? torch::cat({cache.v, v.to(cache.v.scalar_type())}, 2) : v.contiguous();
+  // The window of the uncached model: the last max_seq_len keys (only rope / no positions get
+  // here with more; their keys carry their own positions, so the cache just drops the oldest).
+  const int64_t L = cache.k.size(2), keep = cfg_.max_seq_len;
+  if (L > keep) {
+    cache.k = cache.k.narrow(2, L - keep, keep);
+    cache.v = cache.v.narrow(2, L - keep, keep);
+  }
+  auto o = attend_prepared(qp.to(cache.k.scalar_type()), cache.k, cache.v);
+  return to_out_(o.to(x.scalar_type()).transpose(1, 2).reshape({B, n, inner}));
 }
 
 BlockImpl::BlockImpl(const ModelConfig& cfg) {
@@ -128,10 +199,15 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
   return x + ff_out_(F::gelu(ff_in_(norm_ff_(x))));
 }
 
+torch::Tensor BlockImpl::forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos) {
+  x = x + attn_->forward_cached(norm_attn_(x), cache, pos);
+  return x + ff_out_(F::gelu(ff_in_(norm_ff_(x))));
+}
+
 GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
   cfg.validate();
   token_emb_ = register_module("token_emb", torch::nn::Embedding(cfg.vocab, cfg.dim));
-  pos_emb_ = register_module("pos_emb", torch::nn::Embedding(cfg.max_seq_len, cfg.dim));
+  if (cfg.pos == "learned") pos_emb_ = register_module("pos_emb", torch::nn::Embedding(cfg.max_seq_len, cfg.dim));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.depth; ++i) blocks_->push_back(Block(cfg));
   norm_out_ = register_module("norm_out", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
@@ -150,11 +226,42 @@ GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
-  TORCH_CHECK(T <= cfg_.max_seq_len, "GPT: sequence of ", T, " tokens is longer than max_seq_len ",
-              cfg_.max_seq_len);
-  auto pos = torch::arange(T, tokens.options());
-  auto x = token_emb_(tokens) + pos_emb_(pos).unsqueeze(0);
+  auto x = token_emb_(tokens);
+  if (cfg_.pos == "learned") {
+    TORCH_CHECK(T <= cfg_.max_seq_len, "GPT: sequence of ", T, " tokens is longer than max_seq_len ",
+                cfg_.max_seq_len, " (learned positions)");
+    x = x + pos_emb_(torch::arange(T, tokens.options())).unsqueeze(0);
+  }
   for (const auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  return to_logits_(norm_out_(x));
+}
+
+bool GPTImpl::can_cache(int64_t next_pos, int64_t n) const {
+  if (cfg_.attention == "fastmax") return false;
+  if (cfg_.pos == "learned") return next_pos + n <= cfg_.max_seq_len;
+  return next_pos + n <= (int64_t(1) << 24);  // rotary angles take exact float32 positions
+}
+
+torch::Tensor GPTImpl::forward_cached(const torch::Tensor& tokens, KVCache& cache) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1, "GPT forward_cached: tokens must be ",
+              "(1, n), n >= 1, got ", tokens.sizes());
+  const int64_t n = tokens.size(1);
+  if (!can_cache(cache.next_pos, n)) {
+    throw std::invalid_argument("GPT forward_cached: " + std::to_string(n) + " tokens at position " +
+                                std::to_string(cache.next_pos) + " cannot be cached (attention " + cfg_.attention +
+                                ", positions " + cfg_.pos + ", max_seq_len " + std::to_string(cfg_.max_seq_len) + ")");
+  }
+  TORCH_CHECK(n <= cfg_.max_seq_len && (n == 1 || cache.next_pos == 0), "GPT forward_cached: ", n, " tokens at ",
+              "position ", cache.next_pos, ": a prefill of at most max_seq_len (", cfg_.max_seq_len,
+              ") tokens into an empty cache, then one token at a time");
+  if (cache.layers.empty()) cache.layers.resize(static_cast<size_t>(cfg_.depth));
+  auto x = token_emb_(tokens);
+  if (cfg_.pos == "learned") {
+    x = x + pos_emb_(torch::arange(cache.next_pos, cache.next_pos + n, tokens.options())).unsqueeze(0);
+  }
+  size_t i = 0;
+  for (const auto& block : *blocks_) x = block->as<Block>()->forward_cached(x, cache.layers[i++], cache.next_pos);
+  cache.next_pos += n;
   return to_logits_(norm_out_(x));
 }
 

@@ -1,8 +1,15 @@
 // The byte-level GPT (the seed's model) as torch::nn modules.
-//   tokens (B, T) int64 -> embedding (256 -> C) + learned positions (max_seq_len)
+//   tokens (B, T) int64 -> embedding (256 -> C) (+ learned positions (max_seq_len) with --pos learned)
 //   -> depth x [x + Attention(LayerNorm(x)), x + FeedForward(LayerNorm(x))]
 //   -> LayerNorm -> logits (B, T, 256)
 // Attention: to_q, to_k, to_v (C -> NH * HS, no bias), the attention, to_out (NH * HS -> C, no bias).
+// With --pos rope, q and k are rotated after their l2norm (flashcos/rotary.h): fused into the l2norm
+// kernels on the packed CUDA path, libtorch ops under every other --attention-impl.
+//
+// Cached decoding (model/generate.cpp): forward_cached runs new tokens against each block's cache
+// of keys and values, the keys stored as the attention takes them (normalised, rotated at their
+// absolute positions). With rope or no positions the cache slides (keeps the last max_seq_len keys);
+// with learned positions it holds at most max_seq_len tokens.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -12,16 +19,35 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <utility>
+#include <vector>
+
 #include "model/config.h"
 
 namespace flashcos::model {
+
+// One block's cached keys and values, (1, NH, L, HS) each (undefined while empty).
+struct LayerCache {
+  torch::Tensor k, v;
+};
+struct KVCache {
+  std::vector<LayerCache> layers;
+  int64_t next_pos = 0;  // absolute position of the next token
+};
 
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C), causal
+  // x (1, n, C): n new tokens at absolute positions pos .. pos + n - 1, appended to `cache`
+  // (which must then hold the tokens before pos, or be empty); inference only.
+  torch::Tensor forward_cached(const torch::Tensor& x, LayerCache& cache, int64_t pos);
 
  private:
+  // q, k (B, NH, T, HS) as the attention core takes them, in torch ops: l2-normalised (cosine, exp)
+  // and rotated (rope) with positions starting at pos.
+  std::pair<torch::Tensor, torch::Tensor> prepare_qk(torch::Tensor q, torch::Tensor k, int64_t pos) const;
+  torch::Tensor attend_prepared(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const;
   ModelConfig cfg_;
   torch::nn::Linear to_q_{nullptr}, to_k_{nullptr}, to_v_{nullptr}, to_out_{nullptr};
 };
@@ -31,6 +57,7 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& cfg);
   torch::Tensor forward(torch::Tensor x);
+  torch::Tensor forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos);
 
  private:
   torch::nn::LayerNorm norm_attn_{nullptr}, norm_ff_{nullptr};
@@ -45,6 +72,12 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens);  // (B, T) int64 -> (B, T, vocab) logits
   // Mean cross entropy (nats) of predicting window[:, 1:] from window[:, :-1]; window (B, T + 1).
   torch::Tensor loss(const torch::Tensor& window);
+  // tokens (1, n) -> logits (1, n, vocab) of n new tokens after those already in `cache` (an empty
+  // KVCache: a prefill). Throws std::invalid_argument when the model cannot cache (fastmax) or a
+  // learned-position model would pass max_seq_len.
+  torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache);
+  // Whether forward_cached can take `n` more tokens after cache.next_pos.
+  bool can_cache(int64_t next_pos, int64_t n) const;
   const ModelConfig& config() const { return cfg_; }
 
  private:

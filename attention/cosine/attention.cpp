@@ -56,10 +56,7 @@ at::Tensor cosine_sim_attention(const at::Tensor& q, const at::Tensor& k, const 
     TORCH_CHECK(detail::fused_supports_head_dim(c.D), "flashcos attention: the fused kernel supports head dims ",
                 "16, 32, 64, 80, 96, 128; got D = ", c.D, " (use Backend::kTiled)");
   }
-  if (options.kind() == AttentionKind::kCosine && options.l2norm_qk()) {
-    c.q = l2norm(c.q, options.groups());
-    c.k = l2norm(c.k, options.groups());
-  }
+  detail::prepare_qk(c, options);
   if (backend == Backend::kPlain) return c.restore(detail::plain_attention_core(c, options));
 
   detail::CoreArgs args;

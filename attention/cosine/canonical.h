@@ -24,6 +24,10 @@ struct Canonical {
 Canonical canonicalize(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const AttentionOptions& options);
 
+// q and k as the core takes them: l2-normalised (cosine kind with l2norm_qk), then rotated when
+// options.rotary() (keys at position_offset + j, queries at position_offset + J - I + i).
+void prepare_qk(Canonical& c, const AttentionOptions& options);
+
 // The attention on canonical tensors with the full (B, H, I, J) matrix (libtorch ops, autograd).
 at::Tensor plain_attention_core(const Canonical& c, const AttentionOptions& options);
 

@@ -3,12 +3,14 @@
 // Every backend gets the same answer as splitting qkv into (B, H, T, D) views and calling
 // cosine_sim_attention. The fused CUDA backend with l2norm_qk, no mask and no bias takes a path
 // without layout copies, one autograd Function for the whole thing:
-//   forward:  fused l2norm of the q and k views into (B, H, T, D) buffers (attention/l2norm/cuda/l2norm.h),
+//   forward:  fused l2norm (+ rotary positions when asked: the rotation is applied in the same pass)
+//             of the q and k views into (B, H, T, D) buffers (attention/l2norm/cuda/l2norm.h),
 //             the attention kernel with v read in place and o written in (B, T, H, D) order, so
 //             the (B, T, H D) result is a view;
 //   backward: the attention backward with dQ kept in its float32 accumulator, then the l2norm
 //             backward writes dq and dk straight into the packed (B, T, 3 H D) gradient, the
-//             attention kernel writes dv there: one gradient tensor, no zero-filled slices to add up.
+//             attention kernel writes dv there: one gradient tensor, no zero-filled slices to add up
+//             (with rotary the l2norm backward kernel applies R^T to dq, dk first).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -40,12 +42,14 @@ detail::CoreArgs qkv_args(bool causal, double scale, int64_t groups) {
 class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads, bool causal,
-                               double scale, int64_t groups) {
+                               double scale, int64_t groups, bool rotary, double base, int64_t offset) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
     const at::Tensor q = part(qkv, heads, 0), k = part(qkv, heads, 1), v = part(qkv, heads, 2);
-    auto [qn, rq] = detail::l2norm_cuda_forward(q, groups, at::empty({B, heads, T, D}, qkv.options()));
-    auto [kn, rk] = detail::l2norm_cuda_forward(k, groups, at::empty({B, heads, T, D}, qkv.options()));
+    const detail::RotaryArgs rot{base, offset};
+    const detail::RotaryArgs* rp = rotary ? &rot : nullptr;
+    auto [qn, rq] = detail::l2norm_cuda_forward(q, groups, at::empty({B, heads, T, D}, qkv.options()), rp);
+    auto [kn, rk] = detail::l2norm_cuda_forward(k, groups, at::empty({B, heads, T, D}, qkv.options()), rp);
     // o is returned as allocated (a view made inside a custom Function could not be modified in
     // place); the kernel writes it through its (B, H, T, D) view.
     const at::Tensor o = at::empty({B, T, heads * D}, qkv.options());
@@ -58,6 +62,9 @@ class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFuncti
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["groups"] = groups;
+    ctx->saved_data["rotary"] = rotary;
+    ctx->saved_data["base"] = base;
+    ctx->saved_data["offset"] = offset;
     return {o};
   }
 
@@ -77,9 +84,12 @@ class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFuncti
     detail::poison_if_requested(dqkv);
     const auto g = detail::fused_backward(dout, qn, kn, part(qkv, heads, 2), o, l, {}, {}, args,
                                           /*dq_float=*/true, /*dv_out=*/part(dqkv, heads, 2));
-    detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0));
-    detail::l2norm_cuda_backward(g.dk, part(qkv, heads, 1), rk, groups, part(dqkv, heads, 1));
-    return {dqkv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const detail::RotaryArgs rot{ctx->saved_data["base"].toDouble(), ctx->saved_data["offset"].toInt()};
+    const detail::RotaryArgs* rp = ctx->saved_data["rotary"].toBool() ? &rot : nullptr;
+    detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0), rp);
+    detail::l2norm_cuda_backward(g.dk, part(qkv, heads, 1), rk, groups, part(dqkv, heads, 1), rp);
+    return {dqkv,         at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -109,7 +119,14 @@ at::Tensor cosine_sim_attention_qkv(const at::Tensor& qkv, int64_t heads, const 
   }
   TORCH_CHECK(options.groups() >= 1 && D % options.groups() == 0, "flashcos cosine_sim_attention_qkv: groups (",
               options.groups(), ") must divide the head dim ", D);
-  return QkvAttentionFunction::apply(qkv, heads, options.causal(), options.scale(), options.groups())[0];
+  if (options.rotary()) {
+    rotary_inv_freq(D / options.groups(), options.rotary_base());  // validates the base and the group size
+    TORCH_CHECK(options.position_offset() >= 0 && options.position_offset() + T <= (int64_t(1) << 24),
+                "flashcos cosine_sim_attention_qkv: positions ", options.position_offset(), " .. ",
+                options.position_offset() + T, " must lie in [0, 2^24]");
+  }
+  return QkvAttentionFunction::apply(qkv, heads, options.causal(), options.scale(), options.groups(), options.rotary(),
+                                     options.rotary_base(), options.position_offset())[0];
 }
 
 }  // namespace flashcos

@@ -10,10 +10,7 @@ namespace flashcos {
 at::Tensor plain_cosine_sim_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       AttentionOptions options) {
   auto c = detail::canonicalize(q, k, v, options);
-  if (options.kind() == AttentionKind::kCosine && options.l2norm_qk()) {
-    c.q = l2norm(c.q, options.groups());
-    c.k = l2norm(c.k, options.groups());
-  }
+  detail::prepare_qk(c, options);
   return c.restore(detail::plain_attention_core(c, options));
 }
 

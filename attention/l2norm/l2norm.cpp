@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <flashcos/l2norm.h>
+#include <flashcos/rotary.h>
 #include "attention/l2norm/l2norm_cuda.h"
 
 namespace flashcos {
@@ -55,22 +56,31 @@ class L2NormFunction : public torch::autograd::Function<L2NormFunction> {
 };
 
 // The fused CUDA kernels (attention/l2norm/cuda/l2norm.h): one pass each way; saves x and r (y is
-// recomputed from them in float32 in the backward).
+// recomputed from them in float32 in the backward). With rotary the output is R(t) y, and the
+// backward kernel applies R(t)^T to the gradient (flashcos/rotary.h).
 class L2NormCudaFunction : public torch::autograd::Function<L2NormCudaFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t groups) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t groups, bool rotary, double base,
+                               int64_t offset) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    auto [y, r] = detail::l2norm_cuda_forward(x, groups);
+    const detail::RotaryArgs rot{base, offset};
+    auto [y, r] = detail::l2norm_cuda_forward(x, groups, {}, rotary ? &rot : nullptr);
     ctx->save_for_backward({x, r});
     ctx->saved_data["groups"] = groups;
+    ctx->saved_data["rotary"] = rotary;
+    ctx->saved_data["base"] = base;
+    ctx->saved_data["offset"] = offset;
     return {y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     auto saved = ctx->get_saved_variables();
-    return {detail::l2norm_cuda_backward(grads[0], saved[0], saved[1], ctx->saved_data["groups"].toInt()),
-            at::Tensor()};
+    const detail::RotaryArgs rot{ctx->saved_data["base"].toDouble(), ctx->saved_data["offset"].toInt()};
+    const bool rotary = ctx->saved_data["rotary"].toBool();
+    return {detail::l2norm_cuda_backward(grads[0], saved[0], saved[1], ctx->saved_data["groups"].toInt(), {},
+                                         rotary ? &rot : nullptr),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -82,11 +92,25 @@ at::Tensor l2norm(const at::Tensor& t, int64_t groups) {
   // On CUDA: our fused kernels where they apply (one pass each way, any 16-byte aligned strides),
   // else x / |x| = rms_norm(x) / sqrt(gs) by libtorch's RMSNorm (the op chain of L2NormFunction
   // costs ~10 fp32 passes over q and k).
-  if (detail::l2norm_cuda_supported(t, groups) && t.numel() > 0) return L2NormCudaFunction::apply(t, groups)[0];
+  if (detail::l2norm_cuda_supported(t, groups) && t.numel() > 0) {
+    return L2NormCudaFunction::apply(t, groups, false, 0.0, int64_t(0))[0];
+  }
   if (t.is_cuda() && at::isReducedFloatingType(t.scalar_type()) && t.numel() > 0) {
     return rms_l2norm(t, groups);
   }
   return L2NormFunction::apply(t, groups)[0];
+}
+
+at::Tensor l2norm_rotary(const at::Tensor& t, int64_t groups, double base, int64_t offset) {
+  TORCH_CHECK(t.dim() >= 2 && groups >= 1 && t.size(-1) % groups == 0, "flashcos l2norm_rotary: t must be (..., T, D) ",
+              "with groups (", groups, ") dividing D, got ", t.sizes());
+  if (detail::l2norm_cuda_supported(t, groups) && t.numel() > 0) {
+    rotary_inv_freq(t.size(-1) / groups, base);  // validates the base and the group size
+    TORCH_CHECK(offset >= 0 && offset + t.size(-2) <= (int64_t(1) << 24), "flashcos l2norm_rotary: positions ", offset,
+                " .. ", offset + t.size(-2), " must lie in [0, 2^24] (exact in float32)");
+    return L2NormCudaFunction::apply(t, groups, true, base, offset)[0];
+  }
+  return rotary(l2norm(t, groups), groups, base, offset);
 }
 
 at::Tensor rms_l2norm(const at::Tensor& t, int64_t groups) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <flashcos/rotary.h>
 #include "attention/common/poison.h"
 #include "attention/l2norm/l2norm_cuda.h"
 
@@ -51,6 +52,17 @@ fc::L2NormParams shape_params(const at::Tensor& x, int64_t groups) {
   return p;
 }
 
+void set_rotary(fc::L2NormParams& p, const RotaryArgs* rotary) {
+  if (rotary == nullptr) return;
+  const int64_t gs = p.D / p.groups;
+  TORCH_CHECK(gs % 2 == 0 && gs / 2 <= fc::kMaxRotaryPairs, "flashcos l2norm rotary: group size ", gs,
+              " must be even and at most ", 2 * fc::kMaxRotaryPairs);
+  const auto inv = rotary_inv_freq(gs, rotary->base);
+  p.rotary = true;
+  p.pos_offset = rotary->offset;
+  for (size_t m = 0; m < inv.size(); ++m) p.inv_freq[m] = inv[m];
+}
+
 std::vector<int64_t> r_sizes(const at::Tensor& x, int64_t groups) {
   auto sizes = x.sizes().vec();
   sizes.back() = groups;
@@ -66,7 +78,8 @@ bool l2norm_cuda_supported(const at::Tensor& x, int64_t groups) {
   return describe(x, p.x) && fc::l2norm_supported(p);
 }
 
-std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64_t groups, const at::Tensor& y_out) {
+std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64_t groups, const at::Tensor& y_out,
+                                                      const RotaryArgs* rotary) {
   TORCH_CHECK(l2norm_cuda_supported(x, groups), "flashcos l2norm_cuda_forward: unsupported input ", x.sizes(), " ",
               x.scalar_type(), " with ", groups, " groups");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -80,12 +93,13 @@ std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64
   poison_if_requested(y);
   poison_if_requested(r);
   p.r = r.data_ptr<float>();
+  set_rotary(p, rotary);
   C10_CUDA_CHECK(fc::run_l2norm_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {y, r};
 }
 
 at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r, int64_t groups,
-                                const at::Tensor& dx_out) {
+                                const at::Tensor& dx_out, const RotaryArgs* rotary) {
   TORCH_CHECK(l2norm_cuda_supported(x, groups), "flashcos l2norm_cuda_backward: unsupported input ", x.sizes(),
               " ", x.scalar_type(), " with ", groups, " groups");
   TORCH_CHECK(dy.sizes() == x.sizes() && dy.device() == x.device(), "flashcos l2norm_cuda_backward: dy ",
@@ -108,6 +122,7 @@ at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const
   TORCH_CHECK(describe(dx, p.dx), "flashcos l2norm_cuda_backward: dx needs a contiguous last dim");
   poison_if_requested(dx);
   p.r = const_cast<float*>(r.data_ptr<float>());
+  set_rotary(p, rotary);
   C10_CUDA_CHECK(fc::run_l2norm_bwd(p, c10::cuda::getCurrentCUDAStream()));
   return dx;
 }
@@ -116,11 +131,12 @@ at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const
 
 bool l2norm_cuda_supported(const at::Tensor&, int64_t) { return false; }
 
-std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor&, int64_t, const at::Tensor&) {
+std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor&, int64_t, const at::Tensor&, const RotaryArgs*) {
   TORCH_CHECK(false, "flashcos: this build has no CUDA kernels");
 }
 
-at::Tensor l2norm_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&) {
+at::Tensor l2norm_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&,
+                                const RotaryArgs*) {
   TORCH_CHECK(false, "flashcos: this build has no CUDA kernels");
 }
 

@@ -21,6 +21,7 @@
 
 #include <flashcos/l2norm.h>
 #include <flashcos/options.h>
+#include <flashcos/rotary.h>
 
 namespace flashcos {
 

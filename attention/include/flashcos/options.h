@@ -45,6 +45,14 @@ struct AttentionOptions {
   TORCH_ARG(Backend, backend) = Backend::kAuto;
   /// Query / key chunk of the tiled path (memory is O(chunk^2) per batch-head).
   TORCH_ARG(int64_t, tile_size) = 512;
+  /// Rotary positions (flashcos/rotary.h): q and k rotated after their l2norm, pair (2m, 2m + 1) of
+  /// each of the `groups` chunks by the angle position * rotary_base^(-2m / group size). Fused into
+  /// the l2norm kernels on the packed CUDA path; libtorch ops elsewhere.
+  TORCH_ARG(bool, rotary) = false;
+  TORCH_ARG(double, rotary_base) = 10000.0;
+  /// Position of key 0; query i sits at position_offset + (J - I) + i (bottom-right aligned, as the
+  /// causal mask), so a decode step with one query against J cached keys passes the cache's start.
+  TORCH_ARG(int64_t, position_offset) = 0;
 };
 
 std::string to_string(AttentionKind kind);

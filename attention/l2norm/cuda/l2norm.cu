@@ -1,5 +1,12 @@
 // Fused l2norm forward / backward (attention/l2norm/cuda/l2norm.h). One thread per 8 elements; the
 // gs / 8 threads of a group sit side by side in one warp and reduce with xor shuffles.
+//   forward:  y = x r, r = 1 / max(|x_g|, eps);  with rotary, out = R(t) y
+//   backward: g = R(t)^T dout (with rotary, else g = dout);  dx = r (g - y sum_g(g y))
+// R(t) on the pair (a, b) = (2m, 2m + 1) of a group, angle th = t * inv_freq[m]:
+//   (a, b) -> (a cos th - b sin th, a sin th + b cos th);  R^T: (a cos th + b sin th, -a sin th + b cos th).
+// A thread's 8 elements are 4 whole pairs (groups start at multiples of 8), so no shuffles are
+// needed; the block copies inv_freq into shared memory once, cos / sin come from sincosf on the
+// fp32 angle (no cos / sin tables in memory).
 #include "attention/l2norm/cuda/l2norm.h"
 
 #include <cuda_bf16.h>
@@ -96,7 +103,34 @@ __device__ __forceinline__ int64_t r_index(const L2NormParams& p, const Coord& c
   return ((c.i0 * p.n1 + c.i1) * p.n2 + c.i2) * p.groups + c.group;
 }
 
+// The block's copy of inv_freq (p.rotary is uniform over the grid, so the barrier is too).
+__device__ __forceinline__ void load_inv_freq(const L2NormParams& p, float* s_inv) {
+  if (!p.rotary) return;
+  const int pairs = p.D / p.groups / 2;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) s_inv[i] = p.inv_freq[i];
+  __syncthreads();
+}
+
+// Rotates the thread's 4 pairs by R(t) (transpose: R(t)^T).
+__device__ __forceinline__ void rotate(Vec8& v, const L2NormParams& p, const Coord& c, const float* s_inv,
+                                       bool transpose) {
+  const int gs = p.D / p.groups;
+  const int m0 = (c.col % gs) / 2;
+  const float t = static_cast<float>(c.i2 + p.pos_offset);
+#pragma unroll
+  for (int e = 0; e < kVec / 2; ++e) {
+    float sn, cs;
+    sincosf(__fmul_rn(t, s_inv[m0 + e]), &sn, &cs);
+    if (transpose) sn = -sn;
+    const float a = v.v[2 * e], b = v.v[2 * e + 1];
+    v.v[2 * e] = a * cs - b * sn;
+    v.v[2 * e + 1] = a * sn + b * cs;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) l2norm_fwd_kernel(const L2NormParams p) {
+  __shared__ float s_inv[kMaxRotaryPairs];
+  load_inv_freq(p, s_inv);
   const Coord c = coord(p);
   const int width = p.D / p.groups / kVec;
   Vec8 x{};
@@ -109,11 +143,14 @@ __global__ void __launch_bounds__(kThreads) l2norm_fwd_kernel(const L2NormParams
   if (!c.active) return;
 #pragma unroll
   for (int e = 0; e < kVec; ++e) x.v[e] *= r;
+  if (p.rotary) rotate(x, p, c, s_inv, /*transpose=*/false);
   store8(p.y, offset(p.y, c.i0, c.i1, c.i2, c.col), x);
   if (c.col % (width * kVec) == 0) p.r[r_index(p, c)] = r;
 }
 
 __global__ void __launch_bounds__(kThreads) l2norm_bwd_kernel(const L2NormParams p) {
+  __shared__ float s_inv[kMaxRotaryPairs];
+  load_inv_freq(p, s_inv);
   const Coord c = coord(p);
   const int width = p.D / p.groups / kVec;
   Vec8 x{}, dy{};
@@ -122,6 +159,7 @@ __global__ void __launch_bounds__(kThreads) l2norm_bwd_kernel(const L2NormParams
     x = load8(p.x, offset(p.x, c.i0, c.i1, c.i2, c.col));
     dy = load8(p.dy, offset(p.dy, c.i0, c.i1, c.i2, c.col));
     r = p.r[r_index(p, c)];
+    if (p.rotary) rotate(dy, p, c, s_inv, /*transpose=*/true);
   }
   float s = 0.f, ss = 0.f;
 #pragma unroll
@@ -159,6 +197,7 @@ bool l2norm_supported(const L2NormParams& p) {
   if (p.groups < 1 || p.D < kVec || p.D % p.groups != 0) return false;
   const int gs = p.D / p.groups;
   const int width = gs / kVec;
+  if (p.rotary && gs / 2 > kMaxRotaryPairs) return false;
   return gs % kVec == 0 && width <= 32 && (width & (width - 1)) == 0 && l2norm_aligned(p.x);
 }
 

@@ -1,6 +1,12 @@
 // Torch-free parameters of the fused l2norm kernels (attention/l2norm/cuda/l2norm.cu):
 //   y = x r,  r = 1 / max(|x_g|, eps)  per group g of `gs` consecutive elements of the last dim;
 //   dx = r (dy - y sum_g(dy y))  where |x_g| > eps, else r dy   (y recomputed from x in fp32).
+// With `rotary` (DESIGN.md, Positions) the forward writes R(t) y instead of y, and the backward
+// takes dy as the gradient of R(t) y and applies R(t)^T to it first. R(t) rotates each pair of
+// features (2m, 2m + 1) of a group by the angle t * inv_freq[m] (m = 0 .. gs / 2 - 1; the caller
+// fills inv_freq[m] = base^(-2m / gs) rounded to float); the angle is formed in fp32 as
+// float(t) * inv_freq[m]. t = i2 + pos_offset: the position is the index along dim 2 of the 4-D
+// view (T of a (B, H, T, D) tensor).
 // Tensors are 4-D (n0, n1, n2, D) with a contiguous last dim and any other strides (elements);
 // r is (n0, n1, n2, groups) float32, contiguous. Used by the packed attention (no copies of the
 // q / k views of a fused projection) and by l2norm() for fp16 / bf16 / fp32 CUDA tensors.
@@ -13,6 +19,9 @@
 #include "attention/common/cuda/dtype.h"
 
 namespace flashcos::cuda {
+
+// The largest group size the kernels take is 32 lanes x 8 elements = 256: at most 128 pairs.
+constexpr int kMaxRotaryPairs = 128;
 
 struct NormTensor {
   const void* ptr = nullptr;
@@ -29,6 +38,10 @@ struct L2NormParams {
   NormTensor dy;       // backward: incoming gradient
   NormTensor dx;       // backward output (ptr written through)
   float* r = nullptr;  // forward writes it, backward reads it
+  // Rotary positions (see the top): off unless `rotary`.
+  bool rotary = false;
+  int64_t pos_offset = 0;
+  float inv_freq[kMaxRotaryPairs] = {};
 };
 
 // The kernels take 8 consecutive elements per thread with 16-byte loads (32-byte for fp32): D and
