@@ -16,6 +16,9 @@
 #include <flashcos/attention.h>
 #include <flashcos/fastmax.h>
 #include "common/log.h"
+#include "model/fused/add_layer_norm.h"
+#include "model/fused/classifier_cross_entropy.h"
+#include "model/fused/switch.h"
 
 namespace flashcos::model {
 namespace F = torch::nn::functional;
@@ -195,6 +198,13 @@ BlockImpl::BlockImpl(const ModelConfig& cfg) {
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  if (fused::fused_ops_enabled(x)) {
+    // The norms write the GEMMs' dtype directly; the add before norm_ff is fused into it.
+    const auto dt = fused::activation_dtype(x);
+    auto h = fused::layer_norm(x, norm_attn_->weight, norm_attn_->bias, norm_attn_->options.eps(), dt);
+    auto res = fused::add_layer_norm(x, attn_(h), norm_ff_->weight, norm_ff_->bias, norm_ff_->options.eps(), dt);
+    return res.sum + ff_out_(F::gelu(ff_in_(res.normed)));
+  }
   x = x + attn_(norm_attn_(x));
   return x + ff_out_(F::gelu(ff_in_(norm_ff_(x))));
 }
@@ -224,7 +234,9 @@ GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
   }
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) { return to_logits_(norm_out_(trunk(tokens))); }
+
+torch::Tensor GPTImpl::trunk(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   auto x = token_emb_(tokens);
   if (cfg_.pos == "learned") {
@@ -233,7 +245,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
     x = x + pos_emb_(torch::arange(T, tokens.options())).unsqueeze(0);
   }
   for (const auto& block : *blocks_) x = block->as<Block>()->forward(x);
-  return to_logits_(norm_out_(x));
+  return x;
 }
 
 bool GPTImpl::can_cache(int64_t next_pos, int64_t n) const {
@@ -268,7 +280,15 @@ torch::Tensor GPTImpl::forward_cached(const torch::Tensor& tokens, KVCache& cach
 torch::Tensor GPTImpl::loss(const torch::Tensor& window) {
   auto input = window.slice(1, 0, window.size(1) - 1);
   auto target = window.slice(1, 1, window.size(1));
-  auto logits = forward(input);
+  auto x = trunk(input);
+  if (fused::fused_ops_enabled(x)) {
+    // Final norm in the classifier's dtype, then the chunked classifier + cross-entropy: the
+    // float32 (B T, 256) logits are never written.
+    const auto dt = fused::activation_dtype(x);
+    auto h = fused::layer_norm(x, norm_out_->weight, norm_out_->bias, norm_out_->options.eps(), dt);
+    return fused::classifier_cross_entropy(h, to_logits_->weight, to_logits_->bias, target.reshape({-1}), dt);
+  }
+  auto logits = to_logits_(norm_out_(x));
   return F::cross_entropy(logits.reshape({-1, cfg_.vocab}).to(torch::kFloat), target.reshape({-1}));
 }
 

@@ -81,6 +81,8 @@ class GPTImpl : public torch::nn::Module {
   const ModelConfig& config() const { return cfg_; }
 
  private:
+  // The residual stream after the last block, before the final norm: (B, T) -> (B, T, C).
+  torch::Tensor trunk(const torch::Tensor& tokens);
   ModelConfig cfg_;
   torch::nn::Embedding token_emb_{nullptr}, pos_emb_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};

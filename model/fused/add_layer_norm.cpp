@@ -1,0 +1,220 @@
+// Residual add + LayerNorm (add_layer_norm.h): the autograd Function, its CUDA kernel launches
+// (model/fused/cuda/add_layer_norm.h) and the same math as libtorch ops for everything else.
+#include "model/fused/add_layer_norm.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "attention/common/poison.h"
+#include "model/fused/switch.h"
+
+#ifdef FLASHCOS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "model/fused/cuda/add_layer_norm.h"
+#endif
+
+namespace flashcos::model::fused {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool kernel_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+at::ScalarType compute_type(std::initializer_list<at::ScalarType> types) {
+  for (auto t : types) {
+    if (t == at::kDouble) return at::kDouble;
+  }
+  return at::kFloat;
+}
+
+#ifdef FLASHCOS_WITH_CUDA
+namespace fc = flashcos::cuda;
+
+fc::DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return fc::DType::kHalf;
+    case at::kBFloat16: return fc::DType::kBFloat16;
+    case at::kFloat: return fc::DType::kFloat;
+    default: TORCH_CHECK(false, "flashcos add_layer_norm: no kernel for dtype ", t);
+  }
+}
+
+int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+#endif
+
+class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
+ public:
+  // Returns {normed, sum} with a residual r, {normed} without.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& r, const at::Tensor& gamma,
+                               const at::Tensor& beta, double eps, at::ScalarType out_dtype) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const bool has_r = r.defined();
+    const int64_t C = x.size(-1), N = C == 0 ? 0 : x.numel() / C;
+    const at::Tensor x2 = x.reshape({N, C}).contiguous();
+    const at::Tensor r2 = has_r ? r.reshape({N, C}).contiguous() : at::Tensor();
+    const at::ScalarType s_dtype = has_r ? at::result_type(x, r) : x.scalar_type();
+    const bool kernel = add_layer_norm_uses_kernel(x2, r2, gamma, out_dtype) && beta.is_contiguous() &&
+                        aligned16(gamma) && aligned16(beta);
+    at::Tensor s, y, mean, rstd;
+    if (kernel) {
+#ifdef FLASHCOS_WITH_CUDA
+      const c10::cuda::CUDAGuard guard(x.device());
+      s = has_r ? at::empty({N, C}, x2.options().dtype(s_dtype)) : x2;
+      y = at::empty({N, C}, x2.options().dtype(out_dtype));
+      mean = at::empty({N}, x2.options().dtype(at::kFloat));
+      rstd = at::empty({N}, x2.options().dtype(at::kFloat));
+      if (has_r) flashcos::detail::poison_if_requested(s);
+      flashcos::detail::poison_if_requested(y);
+      fc::AddLayerNormParams p;
+      p.rows = N, p.width = int(C), p.eps = float(eps);
+      p.x = x2.data_ptr(), p.x_dtype = to_dtype(x2.scalar_type());
+      if (has_r) p.r = r2.data_ptr(), p.r_dtype = to_dtype(r2.scalar_type());
+      p.gamma = gamma.data_ptr(), p.beta = beta.data_ptr(), p.w_dtype = to_dtype(gamma.scalar_type());
+      if (has_r) p.s = s.data_ptr();
+      p.s_dtype = to_dtype(s_dtype);
+      p.y = y.data_ptr(), p.y_dtype = to_dtype(out_dtype);
+      p.mean = mean.data_ptr<float>(), p.rstd = rstd.data_ptr<float>();
+      C10_CUDA_CHECK(fc::run_add_layer_norm_fwd(p, at::cuda::getCurrentCUDAStream()));
+#endif
+    } else {
+      const auto ct = compute_type({x.scalar_type(), s_dtype, gamma.scalar_type(), out_dtype});
+      s = has_r ? x2 + r2 : x2;
+      const at::Tensor sf = s.to(ct);
+      mean = sf.mean(-1);
+      const at::Tensor centred = sf - mean.unsqueeze(-1);
+      rstd = (centred.square().mean(-1) + eps).rsqrt();
+      y = (centred * rstd.unsqueeze(-1) * gamma.to(ct) + beta.to(ct)).to(out_dtype);
+    }
+    ctx->save_for_backward({s, gamma, mean, rstd});
+    ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["has_r"] = has_r;
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    ctx->saved_data["r_dtype"] = has_r ? r.scalar_type() : x.scalar_type();
+    ctx->saved_data["beta_dtype"] = beta.scalar_type();
+    ctx->saved_data["out_dtype"] = out_dtype;
+    ctx->saved_data["sizes"] = x.sizes();
+    if (!has_r) return {y.view(x.sizes())};
+    return {y.view(x.sizes()), s.view(x.sizes())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &s = saved[0], &gamma = saved[1], &mean = saved[2], &rstd = saved[3];
+    const bool kernel = ctx->saved_data["kernel"].toBool(), has_r = ctx->saved_data["has_r"].toBool();
+    const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
+    const auto r_dtype = ctx->saved_data["r_dtype"].toScalarType();
+    const auto beta_dtype = ctx->saved_data["beta_dtype"].toScalarType();
+    const auto out_dtype = ctx->saved_data["out_dtype"].toScalarType();
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const int64_t N = s.size(0), C = s.size(1);
+    const at::Tensor none;
+    // An output nobody used arrives undefined: no gradient from it.
+    at::Tensor dy = grads[0].defined() ? grads[0].reshape({N, C}).to(out_dtype).contiguous()
+                                       : at::zeros({N, C}, s.options().dtype(out_dtype));
+    at::Tensor ds = has_r && grads.size() > 1 && grads[1].defined()
+                        ? grads[1].reshape({N, C}).to(s.scalar_type()).contiguous()
+                        : at::Tensor();
+    at::Tensor dx, dr, dgamma, dbeta;
+    if (kernel) {
+#ifdef FLASHCOS_WITH_CUDA
+      const c10::cuda::CUDAGuard guard(s.device());
+      if (!aligned16(dy)) dy = dy.clone();
+      if (ds.defined() && !aligned16(ds)) ds = ds.clone();
+      dx = at::empty({N, C}, s.options().dtype(x_dtype));
+      const bool separate_dr = has_r && r_dtype != x_dtype;
+      if (separate_dr) dr = at::empty({N, C}, s.options().dtype(r_dtype));
+      dgamma = at::empty({C}, gamma.options());
+      dbeta = at::empty({C}, gamma.options().dtype(beta_dtype));
+      flashcos::detail::poison_if_requested(dx);
+      if (separate_dr) flashcos::detail::poison_if_requested(dr);
+      flashcos::detail::poison_if_requested(dgamma);
+      flashcos::detail::poison_if_requested(dbeta);
+      fc::AddLayerNormParams p;
+      p.rows = N, p.width = int(C), p.num_sms = num_sms();
+      p.x = s.data_ptr(), p.x_dtype = to_dtype(x_dtype);  // read only where there is no r: then s is x
+      if (has_r) {
+        p.r = s.data_ptr();  // marks "there was a residual"; the backward reads s, never r
+        p.r_dtype = to_dtype(r_dtype);
+        p.s = s.data_ptr();
+      }
+      p.s_dtype = to_dtype(s.scalar_type());
+      p.gamma = gamma.data_ptr(), p.w_dtype = to_dtype(gamma.scalar_type());
+      TORCH_CHECK(beta_dtype == gamma.scalar_type(), "flashcos add_layer_norm: gamma and beta must share a dtype");
+      p.y_dtype = to_dtype(out_dtype);
+      p.mean = mean.data_ptr<float>(), p.rstd = rstd.data_ptr<float>();
+      p.dy = dy.data_ptr();
+      p.ds = ds.defined() ? ds.data_ptr() : nullptr;
+      p.dx = dx.data_ptr();
+      p.dr = separate_dr ? dr.data_ptr() : nullptr;
+      at::Tensor partials = at::empty({fc::add_layer_norm_backward_blocks(p), 2, C}, s.options().dtype(at::kFloat));
+      p.partials = partials.data_ptr<float>();
+      p.dgamma = dgamma.data_ptr(), p.dbeta = dbeta.data_ptr();
+      C10_CUDA_CHECK(fc::run_add_layer_norm_bwd(p, at::cuda::getCurrentCUDAStream()));
+      if (has_r && !separate_dr) dr = dx;
+#endif
+    } else {
+      const auto ct = mean.scalar_type();
+      const at::Tensor xhat = (s.to(ct) - mean.unsqueeze(-1)) * rstd.unsqueeze(-1);
+      const at::Tensor dyf = dy.to(ct);
+      const at::Tensor g = dyf * gamma.to(ct);
+      at::Tensor d = rstd.unsqueeze(-1) * (g - g.mean(-1, true) - xhat * (g * xhat).mean(-1, true));
+      if (ds.defined()) d = d + ds.to(ct);
+      dx = d.to(x_dtype);
+      if (has_r) dr = d.to(r_dtype);
+      dgamma = (dyf * xhat).sum(0).to(gamma.scalar_type());
+      dbeta = dyf.sum(0).to(beta_dtype);
+    }
+    return {dx.view(sizes), has_r ? dr.view(sizes) : none, dgamma, dbeta, none, none};
+  }
+};
+
+void check_args(const at::Tensor& x, const at::Tensor& r, const at::Tensor& gamma, const at::Tensor& beta) {
+  TORCH_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) >= 1, "flashcos add_layer_norm: x must be (..., C) with C >= 1");
+  TORCH_CHECK(!r.defined() || r.sizes() == x.sizes(), "flashcos add_layer_norm: r ", r.defined() ? r.sizes() : at::IntArrayRef{},
+              " must have x's shape ", x.sizes());
+  TORCH_CHECK(gamma.defined() && beta.defined() && gamma.dim() == 1 && beta.dim() == 1 && gamma.size(0) == x.size(-1) &&
+                  beta.size(0) == x.size(-1),
+              "flashcos add_layer_norm: gamma ", gamma.sizes(), " and beta ", beta.sizes(), " must be (C) = (",
+              x.size(-1), ")");
+  TORCH_CHECK(gamma.scalar_type() == beta.scalar_type(), "flashcos add_layer_norm: gamma (", gamma.scalar_type(),
+              ") and beta (", beta.scalar_type(), ") must share a dtype");
+  TORCH_CHECK(!r.defined() || r.device() == x.device(), "flashcos add_layer_norm: x and r on different devices");
+}
+
+}  // namespace
+
+bool add_layer_norm_uses_kernel(const at::Tensor& x, const at::Tensor& r, const at::Tensor& gamma,
+                                at::ScalarType out_dtype) {
+#ifdef FLASHCOS_WITH_CUDA
+  if (!x.is_cuda() || !fc::add_layer_norm_supported(x.size(-1))) return false;
+  if (!kernel_dtype(x.scalar_type()) || !kernel_dtype(gamma.scalar_type()) || !kernel_dtype(out_dtype)) return false;
+  if (r.defined() && !kernel_dtype(r.scalar_type())) return false;
+  if (!gamma.is_cuda() || gamma.device() != x.device() || !gamma.is_contiguous()) return false;
+  // The kernels read contiguous rows with 16-byte accesses (the Function makes x, r contiguous).
+  return (!x.is_contiguous() || aligned16(x)) && (!r.defined() || !r.is_contiguous() || aligned16(r));
+#else
+  return false;
+#endif
+}
+
+AddLayerNormOut add_layer_norm(const at::Tensor& x, const at::Tensor& r, const at::Tensor& gamma,
+                               const at::Tensor& beta, double eps, at::ScalarType out_dtype) {
+  check_args(x, r, gamma, beta);
+  auto out = AddLayerNormFunction::apply(x, r, gamma, beta, eps, out_dtype);
+  if (!r.defined()) return {x, out[0]};
+  return {out[1], out[0]};
+}
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps,
+                      at::ScalarType out_dtype) {
+  return add_layer_norm(x, at::Tensor(), gamma, beta, eps, out_dtype).normed;
+}
+
+}  // namespace flashcos::model::fused

@@ -1,0 +1,83 @@
+// Device helpers shared by the fused trainer kernels (model/fused/cuda/*.cu): 8 consecutive
+// elements of a runtime-typed (fp16 / bf16 / fp32) row in and out of float registers with 16-byte
+// accesses, dtype rounding, and warp sums. The dtype switch is uniform across a launch, so it
+// costs a predicated branch, not divergence; it spares a template instance per dtype combination.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attention/common/cuda/dtype.h"
+
+namespace flashcos::cuda::fused {
+
+constexpr int kVec = 8;  // elements per 16-byte access (two for fp32)
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Loads elements [off, off + 8) of a row; off a multiple of 8, the pointer 16-byte aligned.
+__device__ __forceinline__ void load8(const void* ptr, DType dtype, int64_t off, float (&out)[kVec]) {
+  if (dtype == DType::kFloat) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(ptr) + off);
+    const float4 a = p[0], b = p[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    return;
+  }
+  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(ptr) + off);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 f;
+    if (dtype == DType::kHalf) {
+      f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    } else {
+      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    }
+    out[2 * i] = f.x, out[2 * i + 1] = f.y;
+  }
+}
+
+// Stores 8 floats, rounded to nearest in `dtype`, at [off, off + 8) of a 16-byte aligned row.
+__device__ __forceinline__ void store8(void* ptr, DType dtype, int64_t off, const float (&in)[kVec]) {
+  if (dtype == DType::kFloat) {
+    float4* p = reinterpret_cast<float4*>(static_cast<float*>(ptr) + off);
+    p[0] = make_float4(in[0], in[1], in[2], in[3]);
+    p[1] = make_float4(in[4], in[5], in[6], in[7]);
+    return;
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (dtype == DType::kHalf) {
+      const __half2 h = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
+      w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+      w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(ptr) + off) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// v rounded to nearest in `dtype` and back: what a store then a load would give.
+__device__ __forceinline__ float round_to(DType dtype, float v) {
+  if (dtype == DType::kHalf) return __half2float(__float2half_rn(v));
+  if (dtype == DType::kBFloat16) return __bfloat162float(__float2bfloat16_rn(v));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v += __shfl_xor_sync(kFullMask, v, m);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+
+}  // namespace flashcos::cuda::fused

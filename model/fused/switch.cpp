@@ -1,0 +1,32 @@
+#include "model/fused/switch.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace flashcos::model::fused {
+
+bool kernels_compiled() {
+#ifdef FLASHCOS_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool fused_ops_enabled(const at::Tensor& t) {
+  if (!t.defined() || !t.is_cuda() || !kernels_compiled()) return false;
+  const char* env = std::getenv("FLASHCOS_FUSED_OPS");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+at::ScalarType activation_dtype(const at::Tensor& t) {
+  const auto device = t.device().type();
+  if (at::autocast::is_autocast_enabled(device) && at::isFloatingType(t.scalar_type())) {
+    return at::autocast::get_autocast_dtype(device);
+  }
+  return t.scalar_type();
+}
+
+}  // namespace flashcos::model::fused

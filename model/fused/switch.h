@@ -1,0 +1,17 @@
+// When the model uses the fused trainer operators (model/fused/): on CUDA tensors, in a build with
+// the CUDA kernels, unless FLASHCOS_FUSED_OPS=0 is set (read on every call, for comparisons
+// between the fused and the composite step in one build). CPU tensors always take the composite
+// libtorch ops, so CPU training is unchanged.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace flashcos::model::fused {
+
+bool kernels_compiled();
+bool fused_ops_enabled(const at::Tensor& t);
+// The dtype the layer after a norm computes in: autocast's dtype where autocast is on for t's
+// device, else t's own. The fused norms write their output in it (no separate cast pass).
+at::ScalarType activation_dtype(const at::Tensor& t);
+
+}  // namespace flashcos::model::fused

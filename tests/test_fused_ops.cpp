@@ -1,0 +1,193 @@
+// The fused trainer operators (model/fused/) on CPU, where they run as libtorch ops inside their
+// autograd Functions (chunking, the gradient made in the forward, the hand-written LayerNorm
+// backward): forward and every gradient against the composite ops they replace, both evaluated in
+// float64 and in the operators' dtypes. Runs in CI (no GPU).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "model/fused/add_layer_norm.h"
+#include "model/fused/classifier_cross_entropy.h"
+#include "model/fused/switch.h"
+#include "tests/fused_ops_test_util.h"
+
+namespace {
+
+namespace fused = flashcos::model::fused;
+namespace ft = flashcos::test;
+
+struct LnCase {
+  at::ScalarType dtype;  // of x, r and the output
+  int64_t rows, width;
+  bool residual;
+};
+
+std::string ln_name(const ::testing::TestParamInfo<LnCase>& info) {
+  const auto& c = info.param;
+  return std::string(c.dtype == at::kDouble ? "f64" : c.dtype == at::kFloat ? "f32" : "bf16") + "_rows" +
+         std::to_string(c.rows) + "_width" + std::to_string(c.width) + (c.residual ? "_add" : "_plain");
+}
+
+class AddLayerNormCpu : public ::testing::TestWithParam<LnCase> {};
+
+TEST_P(AddLayerNormCpu, ForwardAndGradsMatchCompositeOps) {
+  const LnCase c = GetParam();
+  at::manual_seed(c.rows * 131 + c.width + c.residual);
+  const auto opt = at::TensorOptions().dtype(at::kDouble);
+  const double eps = 1e-5;
+  // The residual stream in float32 (fp64 for the double case), the branch in the case's dtype.
+  const auto x_dtype = c.dtype == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor x = (at::randn({c.rows, c.width}, opt) * 2 + 0.5).to(x_dtype);
+  at::Tensor r = c.residual ? at::randn({c.rows, c.width}, opt).to(c.dtype) : at::Tensor();
+  at::Tensor gamma = (1 + 0.3 * at::randn({c.width}, opt)).to(at::kFloat);
+  at::Tensor beta = (0.1 * at::randn({c.width}, opt)).to(at::kFloat);
+  at::Tensor dy = at::randn({c.rows, c.width}, opt);
+  at::Tensor ds = at::randn({c.rows, c.width}, opt);
+
+  auto ours_in = ft::leaves({x, r, gamma, beta});
+  auto out = fused::add_layer_norm(ours_in[0], ours_in[1], ours_in[2], ours_in[3], eps, c.dtype);
+  ASSERT_EQ(out.normed.scalar_type(), c.dtype);
+  std::vector<at::Tensor> outs{out.normed}, upstream{dy.to(c.dtype)};
+  if (c.residual) outs.push_back(out.sum), upstream.push_back(ds.to(out.sum.scalar_type()));
+  at::autograd::backward(outs, upstream);
+
+  // Float64 composite reference on the same (rounded) inputs.
+  auto ref_in = ft::leaves({x, r, gamma, beta}, at::kDouble);
+  auto [s_ref, y_ref] = ft::composite_add_layer_norm(ref_in[0], ref_in[1], ref_in[2], ref_in[3], eps, at::kDouble);
+  std::vector<at::Tensor> ref_outs{y_ref}, ref_up{dy.to(c.dtype).to(at::kDouble)};
+  if (c.residual) ref_outs.push_back(s_ref), ref_up.push_back(ds.to(out.sum.scalar_type()).to(at::kDouble));
+  at::autograd::backward(ref_outs, ref_up);
+
+  const double tol = c.dtype == at::kDouble ? 1e-10 : c.dtype == at::kFloat ? 2e-5 : 0.0;
+  // bf16: one rounding of the output / gradient dominates; bound by twice the composite's own
+  // error in the same dtype (computed next) plus a floor.
+  auto check = [&](const at::Tensor& got, const at::Tensor& ref, const at::Tensor& comp, const char* what) {
+    ASSERT_TRUE(got.defined()) << what;
+    ASSERT_TRUE(ft::all_finite(got)) << what;
+    const double err = ft::max_abs_diff(got, ref);
+    const double bound = c.dtype == at::kBFloat16 ? 2 * ft::max_abs_diff(comp, ref) + 1e-2 * (1 + ft::max_abs(ref))
+                                                  : tol * (1 + ft::max_abs(ref));
+    EXPECT_LE(err, bound) << what << ": max |ours - fp64| " << err << " > " << bound;
+  };
+  auto comp_in = ft::leaves({x, r, gamma, beta});
+  auto [s_c, y_c] = ft::composite_add_layer_norm(comp_in[0], comp_in[1], comp_in[2], comp_in[3], eps, c.dtype);
+  std::vector<at::Tensor> comp_outs{y_c}, comp_up{dy.to(c.dtype)};
+  if (c.residual) comp_outs.push_back(s_c), comp_up.push_back(ds.to(s_c.scalar_type()));
+  at::autograd::backward(comp_outs, comp_up);
+
+  check(out.normed, y_ref, y_c, "normed");
+  if (c.residual) {
+    ASSERT_EQ(out.sum.scalar_type(), at::result_type(x, r));
+    check(out.sum, s_ref, s_c, "sum");
+    check(ours_in[1].grad(), ref_in[1].grad(), comp_in[1].grad(), "dr");
+    ASSERT_EQ(ours_in[1].grad().scalar_type(), r.scalar_type());
+  }
+  check(ours_in[0].grad(), ref_in[0].grad(), comp_in[0].grad(), "dx");
+  check(ours_in[2].grad(), ref_in[2].grad(), comp_in[2].grad(), "dgamma");
+  check(ours_in[3].grad(), ref_in[3].grad(), comp_in[3].grad(), "dbeta");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AddLayerNormCpu,
+                         ::testing::Values(LnCase{at::kDouble, 63, 512, true}, LnCase{at::kFloat, 1, 512, true},
+                                           LnCase{at::kFloat, 127, 24, true}, LnCase{at::kFloat, 63, 7, false},
+                                           LnCase{at::kFloat, 1000, 520, false}, LnCase{at::kBFloat16, 127, 512, true},
+                                           LnCase{at::kBFloat16, 63, 63, true}),
+                         ln_name);
+
+TEST(AddLayerNormCpu, BadArgumentsNameWhatIsWrong) {
+  const auto x = at::randn({4, 8});
+  try {
+    fused::add_layer_norm(x, at::randn({4, 7}), at::ones({8}), at::zeros({8}), 1e-5, at::kFloat);
+    FAIL() << "a residual of another shape must be rejected";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must have x's shape"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fused::layer_norm(x, at::ones({7}), at::zeros({7}), 1e-5, at::kFloat), c10::Error);
+}
+
+struct CeCase {
+  at::ScalarType dtype;  // compute dtype of the GEMMs and the saved dlogits
+  int64_t rows, width, vocab, chunk;
+  bool bias;
+};
+
+std::string ce_name(const ::testing::TestParamInfo<CeCase>& info) {
+  const auto& c = info.param;
+  return std::string(c.dtype == at::kDouble ? "f64" : c.dtype == at::kFloat ? "f32" : "bf16") + "_rows" +
+         std::to_string(c.rows) + "_C" + std::to_string(c.width) + "_V" + std::to_string(c.vocab) + "_chunk" +
+         std::to_string(c.chunk) + (c.bias ? "_bias" : "_nobias");
+}
+
+class ClassifierCrossEntropyCpu : public ::testing::TestWithParam<CeCase> {};
+
+TEST_P(ClassifierCrossEntropyCpu, LossAndGradsMatchCompositeOps) {
+  const CeCase c = GetParam();
+  at::manual_seed(c.rows * 7 + c.vocab + c.chunk);
+  const auto opt = at::TensorOptions().dtype(at::kDouble);
+  // h as the final norm leaves it (unit scale), float32 master weights; rows as (B, T) = (1, rows).
+  at::Tensor h = at::randn({1, c.rows, c.width}, opt).to(at::kFloat);
+  at::Tensor w = (at::randn({c.vocab, c.width}, opt) * 0.3).to(at::kFloat);
+  at::Tensor b = c.bias ? (at::randn({c.vocab}, opt) * 0.5).to(at::kFloat) : at::Tensor();
+  at::Tensor target = at::randint(0, c.vocab, {1, c.rows}, at::TensorOptions().dtype(at::kLong));
+  const double g = 0.37;  // upstream gradient != 1: the backward's scaling is part of the test
+
+  auto ours_in = ft::leaves({h, w, b});
+  at::Tensor loss = fused::classifier_cross_entropy(ours_in[0], ours_in[1], ours_in[2], target, c.dtype, c.chunk);
+  ASSERT_EQ(loss.dim(), 0);
+  ASSERT_EQ(loss.scalar_type(), c.dtype == at::kDouble ? at::kDouble : at::kFloat);
+  at::autograd::backward({loss}, {at::full({}, g, loss.options())});
+
+  auto ref_in = ft::leaves({h, w, b}, at::kDouble);
+  at::Tensor ref = ft::composite_classifier_ce(ref_in[0], ref_in[1], ref_in[2], target, at::kDouble);
+  at::autograd::backward({ref}, {at::full({}, g, ref.options())});
+  auto comp_in = ft::leaves({h, w, b});
+  at::Tensor comp = ft::composite_classifier_ce(comp_in[0], comp_in[1], comp_in[2], target, c.dtype);
+  at::autograd::backward({comp}, {at::full({}, g, comp.options())});
+
+  auto check = [&](const at::Tensor& got, const at::Tensor& r, const at::Tensor& cp, const char* what) {
+    ASSERT_TRUE(got.defined()) << what;
+    ASSERT_TRUE(ft::all_finite(got)) << what;
+    const double err = ft::max_abs_diff(got, r);
+    const double floor = c.dtype == at::kDouble ? 1e-12 : c.dtype == at::kFloat ? 1e-5 : 4e-3;
+    const double bound = 2 * ft::max_abs_diff(cp, r) + floor * (1 + ft::max_abs(r));
+    EXPECT_LE(err, bound) << what << ": max |ours - fp64| " << err << " > " << bound;
+  };
+  check(loss, ref, comp, "loss");
+  check(ours_in[0].grad(), ref_in[0].grad(), comp_in[0].grad(), "dh");
+  EXPECT_EQ(ours_in[0].grad().sizes(), h.sizes());
+  check(ours_in[1].grad(), ref_in[1].grad(), comp_in[1].grad(), "dW");
+  if (c.bias) check(ours_in[2].grad(), ref_in[2].grad(), comp_in[2].grad(), "db");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ClassifierCrossEntropyCpu,
+                         ::testing::Values(CeCase{at::kDouble, 127, 64, 256, 50, true},
+                                           CeCase{at::kFloat, 1, 512, 256, 8192, true},
+                                           CeCase{at::kFloat, 63, 40, 256, 7, false},
+                                           CeCase{at::kFloat, 1000, 64, 13, 300, true},
+                                           CeCase{at::kBFloat16, 127, 128, 256, 64, true}),
+                         ce_name);
+
+TEST(ClassifierCrossEntropyCpu, BadArgumentsNameWhatIsWrong) {
+  const auto h = at::randn({5, 8});
+  try {
+    fused::classifier_cross_entropy(h, at::randn({16, 8}), at::Tensor(), at::zeros({4}, at::kLong), at::kFloat);
+    FAIL() << "a target of the wrong length must be rejected";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one entry per row"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fused::classifier_cross_entropy(h, at::randn({16, 7}), at::Tensor(), at::zeros({5}, at::kLong), at::kFloat),
+               c10::Error);
+  EXPECT_THROW(fused::classifier_cross_entropy(h, at::randn({16, 8}), at::Tensor(), at::zeros({5}, at::kLong), at::kFloat, 0),
+               c10::Error);
+}
+
+TEST(FusedOpsSwitch, CpuTensorsTakeTheCompositePath) {
+  // The model's CPU numbers must not change: CPU tensors never take the fused operators.
+  EXPECT_FALSE(fused::fused_ops_enabled(at::randn({2, 8})));
+  EXPECT_EQ(fused::activation_dtype(at::randn({2}, at::kFloat)), at::kFloat);
+}
+
+}  // namespace
