@@ -52,14 +52,14 @@ TEST_P(AddLayerNormCpu, ForwardAndGradsMatchCompositeOps) {
   ASSERT_EQ(out.normed.scalar_type(), c.dtype);
   std::vector<at::Tensor> outs{out.normed}, upstream{dy.to(c.dtype)};
   if (c.residual) outs.push_back(out.sum), upstream.push_back(ds.to(out.sum.scalar_type()));
-  at::autograd::backward(outs, upstream);
+  torch::autograd::backward(outs, upstream);
 
   // Float64 composite reference on the same (rounded) inputs.
   auto ref_in = ft::leaves({x, r, gamma, beta}, at::kDouble);
   auto [s_ref, y_ref] = ft::composite_add_layer_norm(ref_in[0], ref_in[1], ref_in[2], ref_in[3], eps, at::kDouble);
   std::vector<at::Tensor> ref_outs{y_ref}, ref_up{dy.to(c.dtype).to(at::kDouble)};
   if (c.residual) ref_outs.push_back(s_ref), ref_up.push_back(ds.to(out.sum.scalar_type()).to(at::kDouble));
-  at::autograd::backward(ref_outs, ref_up);
+  torch::autograd::backward(ref_outs, ref_up);
 
   const double tol = c.dtype == at::kDouble ? 1e-10 : c.dtype == at::kFloat ? 2e-5 : 0.0;
   // bf16: one rounding of the output / gradient dominates; bound by twice the composite's own
@@ -76,7 +76,7 @@ TEST_P(AddLayerNormCpu, ForwardAndGradsMatchCompositeOps) {
   auto [s_c, y_c] = ft::composite_add_layer_norm(comp_in[0], comp_in[1], comp_in[2], comp_in[3], eps, c.dtype);
   std::vector<at::Tensor> comp_outs{y_c}, comp_up{dy.to(c.dtype)};
   if (c.residual) comp_outs.push_back(s_c), comp_up.push_back(ds.to(s_c.scalar_type()));
-  at::autograd::backward(comp_outs, comp_up);
+  torch::autograd::backward(comp_outs, comp_up);
 
   check(out.normed, y_ref, y_c, "normed");
   if (c.residual) {
@@ -138,14 +138,14 @@ TEST_P(ClassifierCrossEntropyCpu, LossAndGradsMatchCompositeOps) {
   at::Tensor loss = fused::classifier_cross_entropy(ours_in[0], ours_in[1], ours_in[2], target, c.dtype, c.chunk);
   ASSERT_EQ(loss.dim(), 0);
   ASSERT_EQ(loss.scalar_type(), c.dtype == at::kDouble ? at::kDouble : at::kFloat);
-  at::autograd::backward({loss}, {at::full({}, g, loss.options())});
+  torch::autograd::backward({loss}, {at::full({}, g, loss.options())});
 
   auto ref_in = ft::leaves({h, w, b}, at::kDouble);
   at::Tensor ref = ft::composite_classifier_ce(ref_in[0], ref_in[1], ref_in[2], target, at::kDouble);
-  at::autograd::backward({ref}, {at::full({}, g, ref.options())});
+  torch::autograd::backward({ref}, {at::full({}, g, ref.options())});
   auto comp_in = ft::leaves({h, w, b});
   at::Tensor comp = ft::composite_classifier_ce(comp_in[0], comp_in[1], comp_in[2], target, c.dtype);
-  at::autograd::backward({comp}, {at::full({}, g, comp.options())});
+  torch::autograd::backward({comp}, {at::full({}, g, comp.options())});
 
   auto check = [&](const at::Tensor& got, const at::Tensor& r, const at::Tensor& cp, const char* what) {
     ASSERT_TRUE(got.defined()) << what;

@@ -83,7 +83,7 @@ TEST_P(AddLayerNormCuda, ForwardAndGradsVsFp64) {
     }
     std::vector<at::Tensor> outs{sy.second}, up{dy.to(out_dtype)};
     if (c.add) outs.push_back(sy.first), up.push_back(ds.to(sy.first.scalar_type()));
-    at::autograd::backward(outs, up);
+    torch::autograd::backward(outs, up);
     in.push_back(sy.first);
     in.push_back(sy.second);
     return in;  // x, r, gamma, beta (with grads), sum, normed
@@ -168,7 +168,7 @@ TEST_P(ClassifierCrossEntropyCuda, LossAndGradsVsFp64) {
     at::Tensor loss = which == 0 ? fused::classifier_cross_entropy(in[0], in[1], in[2], target, c.dtype, c.chunk)
                                  : ft::composite_classifier_ce(in[0], in[1], in[2], target,
                                                                which == 1 ? at::kDouble : c.dtype);
-    at::autograd::backward({loss}, {at::full({}, g, loss.options())});
+    torch::autograd::backward({loss}, {at::full({}, g, loss.options())});
     in.push_back(loss);
     return in;
   };
