@@ -1,0 +1,210 @@
+// ./train bench: the tables and the JSON (see report.h).
+#include "app/bench/report.h"
+
+#include <ATen/Parallel.h>
+
+#if defined(FLASHCOS_WITH_CUDA) && __has_include(<ATen/cuda/CUDAContext.h>) && \
+    __has_include(<cuda_runtime_api.h>)
+#include <ATen/cuda/CUDAContext.h>
+#define FLASHCOS_BENCH_DEVICE_PROPS 1
+#endif
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <stdexcept>
+
+namespace flashcos::app::bench {
+namespace {
+
+std::string fmt_ms(const Measurement& m) {
+  if (m.status != "ok") return m.status;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fms", m.ms);
+  return buf;
+}
+
+std::string mib(int64_t bytes) {
+  if (bytes < 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+// The seed table's kernel for one row: --kernel, or (auto) fused where it ran, else tiled. When
+// auto falls back, `note` says so.
+std::string row_kernel(const BenchConfig& cfg, const std::vector<Impl>& impls, const Row& row,
+                       std::string* note) {
+  note->clear();
+  if (cfg.kernel != "auto") return cfg.kernel;
+  std::vector<std::string> candidates;
+  const bool fastmax_kind = cfg.attention == "fastmax";
+  const auto auto_order = fastmax_kind ? std::vector<const char*>{"fastmax-cuda", "fastmax-chunked"}
+                                       : std::vector<const char*>{"fused", "tiled"};
+  for (const char* name : auto_order) {
+    if (has_impl(impls, name)) candidates.push_back(name);
+  }
+  if (candidates.empty()) return "";
+  for (const auto& name : candidates) {
+    if (row.by_impl.at(name).status == "ok") {
+      if (name != candidates.front()) {
+        *note = " (" + name + "; " + candidates.front() + " " +
+                row.by_impl.at(candidates.front()).status + ")";
+      }
+      return name;
+    }
+  }
+  return candidates.front();
+}
+
+}  // namespace
+
+double pass_flops(const BenchConfig& cfg, int64_t dim_head, int64_t n, Pass pass) {
+  double f = 4.0 * static_cast<double>(cfg.batch) * static_cast<double>(cfg.heads) *
+             static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(dim_head);
+  if (cfg.causal) f *= 0.5;
+  return f * pass_flop_factor(pass);
+}
+
+std::string device_name(const BenchConfig& cfg) {
+  if (cfg.cuda) {
+#ifdef FLASHCOS_BENCH_DEVICE_PROPS
+    const auto* props = at::cuda::getCurrentDeviceProperties();
+    return std::string(props->name) + " (sm_" + std::to_string(props->major) +
+           std::to_string(props->minor) + ")";
+#else
+    return "CUDA device";
+#endif
+  }
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  std::string name = "CPU";
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) name = trim(line.substr(colon + 1));
+      break;
+    }
+  }
+  return name + " (" + std::to_string(at::get_num_threads()) + " threads)";
+}
+
+void print_seed_row(const BenchConfig& cfg, const std::vector<Impl>& impls, const Row& row) {
+  std::string note;
+  const std::string kernel = row_kernel(cfg, impls, row, &note);
+  const auto find = [&](const std::string& name) -> const Measurement* {
+    const auto it = row.by_impl.find(name);
+    return it == row.by_impl.end() ? nullptr : &it->second;
+  };
+  const Measurement* k = kernel.empty() ? nullptr : find(kernel);
+  const Measurement* b = find(cfg.baseline);
+  std::string slower = "n/a";
+  if (k && b && k->status == "ok" && b->status == "ok" && b->ms > 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2fx", k->ms / b->ms);
+    slower = buf;
+  }
+  std::printf("seq_len: %-7lld slower: %-7s kernel: %-10s baseline: %s%s\n",
+              static_cast<long long>(row.seq_len), slower.c_str(), k ? fmt_ms(*k).c_str() : "-",
+              b ? fmt_ms(*b).c_str() : "-", note.c_str());
+  std::fflush(stdout);
+}
+
+void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
+                      const std::vector<Row>& rows, int64_t dim_head, Pass pass) {
+  std::printf(
+      "\n%s, every implementation (median of timed iterations; TFLOP/s = %.1f x "
+      "4*B*H*N*N*D%s / time; peak = allocator peak during the pass, inputs included):\n",
+      pass_title(pass), pass_flop_factor(pass), cfg.causal ? " / 2" : "");
+  std::printf("  %8s  %-15s %10s %9s %10s %9s\n", "seq_len", "impl", "ms", "TFLOP/s", "peak MiB",
+              ("vs " + cfg.baseline).c_str());
+  std::map<std::string, std::string> reasons;  // "impl: reason" -> first seq_len it appeared at
+  for (const auto& row : rows) {
+    const auto base_it = row.by_impl.find(cfg.baseline);
+    for (const auto& impl : impls) {
+      const Measurement& m = row.by_impl.at(impl.name);
+      if (m.status != "ok") {
+        std::printf("  %8lld  %-15s %10s %9s %10s %9s\n", static_cast<long long>(row.seq_len),
+                    impl.name.c_str(), m.status.c_str(), "-", "-", "-");
+        reasons.emplace(impl.name + ": " + m.status + ": " + m.reason, std::to_string(row.seq_len));
+        continue;
+      }
+      const double tflops = pass_flops(cfg, dim_head, row.seq_len, pass) / (m.ms * 1e-3) / 1e12;
+      std::string vs = "-";
+      if (base_it != row.by_impl.end() && base_it->second.status == "ok" &&
+          base_it->second.ms > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2fx", m.ms / base_it->second.ms);
+        vs = buf;
+      }
+      char rate[32];  // GPU rates read best with one decimal, CPU ones need significant digits
+      std::snprintf(rate, sizeof rate, tflops >= 10 ? "%.1f" : "%.3g", tflops);
+      std::printf("  %8lld  %-15s %10.3f %9s %10s %9s\n", static_cast<long long>(row.seq_len),
+                  impl.name.c_str(), m.ms, rate, mib(m.peak_bytes).c_str(), vs.c_str());
+    }
+  }
+  for (const auto& [reason, seq] : reasons) {
+    std::printf("  note (from seq_len %s) %s\n", seq.c_str(), reason.c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const DtypeSpec& dtype,
+                      int64_t dim_head, int64_t n, Pass pass, const Measurement& m) {
+  nlohmann::json r;
+  r["impl"] = impl;
+  r["pass"] = pass_name(pass);
+  r["attention"] = cfg.attention;
+  r["dtype"] = dtype.name;
+  r["batch"] = cfg.batch;
+  r["heads"] = cfg.heads;
+  r["dim_head"] = dim_head;
+  r["seq_len"] = n;
+  r["causal"] = cfg.causal;
+  r["mask_prob"] = cfg.mask_prob;
+  r["status"] = m.status;
+  const double flops = pass_flops(cfg, dim_head, n, pass);
+  r["flops"] = flops;
+  if (m.status == "ok") {
+    r["ms"] = m.ms;
+    r["ms_min"] = m.ms_min;
+    r["ms_mean"] = m.ms_mean;
+    r["iters"] = m.iters;
+    r["tflops"] = flops / (m.ms * 1e-3) / 1e12;
+  } else {
+    r["ms"] = nullptr;
+    r["tflops"] = nullptr;
+    r["reason"] = m.reason;
+  }
+  r["peak_bytes"] = m.peak_bytes >= 0 ? nlohmann::json(m.peak_bytes) : nlohmann::json(nullptr);
+  r["base_bytes"] = m.base_bytes >= 0 ? nlohmann::json(m.base_bytes) : nlohmann::json(nullptr);
+  return r;
+}
+
+void write_json(const std::string& path, const nlohmann::json& doc) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) {
+      throw std::runtime_error("--json " + path + ": cannot write " + tmp +
+                               " (does the directory exist and is it writable?)");
+    }
+    out << doc.dump(2) << "\n";
+    if (!out) throw std::runtime_error("--json " + path + ": writing " + tmp + " failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("--json " + path + ": cannot rename " + tmp + " to it");
+  }
+}
+
+}  // namespace flashcos::app::bench

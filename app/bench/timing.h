@@ -1,0 +1,42 @@
+// ./train bench: timing one implementation x pass x configuration (warm-up, CUDA events or
+// std::chrono, the median), its peak memory, failures (oom, n/a) and a CUDA context that broke.
+#pragma once
+
+#include "app/bench/impls.h"
+#include "app/bench/options.h"
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace flashcos::app::bench {
+
+struct Measurement {
+  std::string status = "ok";  // ok | oom | n/a | skip
+  std::string reason;
+  double ms = 0, ms_min = 0, ms_mean = 0;
+  int iters = 0;
+  int64_t peak_bytes = -1;  // peak allocated by the caching allocator during the pass (CUDA)
+  int64_t base_bytes = -1;  // allocated when the pass started (the inputs, mostly)
+};
+
+// A CUDA error that left the context unusable (illegal address, device-side assert): every later
+// measurement would fail too, so the run stops (what was measured is in the JSON already).
+struct DeviceLost : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Times `impl` on `in` for `pass` (see the top of bench.cpp). A failure is a Measurement with
+// status oom or n/a and the reason; DeviceLost when it left the CUDA device unusable.
+Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in);
+
+// Whether timing `impl` at length n can be skipped given its last result at a shorter length in
+// this table: after an oom, or when its time per iteration (at least 5% of --budget), scaled by
+// (n / n_last)^2 (linear for fastmax's factorised paths), would pass 10x --budget. status "ok"
+// means: measure it.
+Measurement predicted_skip(const BenchConfig& cfg, const std::string& impl, int64_t n,
+                           const std::map<std::string, std::pair<int64_t, Measurement>>& last);
+
+}  // namespace flashcos::app::bench
