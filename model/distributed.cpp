@@ -41,6 +41,14 @@ struct DataParallel::Impl {
   std::unique_ptr<c10d::Reducer> reducer;
 };
 
+bool gloo_backend_built() {
+#ifdef FLASHCOS_HAVE_GLOO
+  return true;
+#else
+  return false;
+#endif
+}
+
 c10::Device device_for_rank(const c10::Device& device, const DistEnv& env) {
   if (!device.is_cuda()) return device;
   const auto guard = c10::impl::getDeviceGuardImpl(c10::kCUDA);

@@ -93,6 +93,9 @@ class DataParallel {
   std::chrono::milliseconds timeout_{0};
 };
 
+// Whether this build has the Gloo (CPU) backend (it needs gloo's headers at configure time).
+bool gloo_backend_built();
+
 // cuda:LOCAL_RANK when `device` is CUDA (and makes it the current device), else `device`.
 c10::Device device_for_rank(const c10::Device& device, const DistEnv& env);
 
