@@ -133,19 +133,23 @@ std::string DataParallel::rank_error(const std::string& what) const {
   std::string msg = what;
   const auto nl = msg.find("\nException raised from");
   if (nl != std::string::npos) msg = msg.substr(0, nl);
-  return strf("rank %d of %d: %s (a collective failed or timed out after %llds: another rank probably died, hangs or "
-              "was stopped; see its own error)",
-              env_.rank, env_.world_size, msg.c_str(), static_cast<long long>(timeout_.count() / 1000));
+  return strf("rank %d of %d: %s", env_.rank, env_.world_size, msg.c_str());
 }
 
 namespace {
+
+std::string collective_failure(const DataParallel& dp, const std::string& what) {
+  return what + strf(" (a collective failed or timed out, limit %llds: another rank probably died, hangs or was "
+                     "stopped; see its own error)",
+                     static_cast<long long>(dp.timeout().count() / 1000));
+}
 
 // Runs a collective and waits for it; errors name the rank.
 void run_and_wait(const DataParallel& dp, const c10::intrusive_ptr<c10d::Work>& work) {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    throw std::runtime_error(dp.rank_error(e.what()));
+    throw std::runtime_error(dp.rank_error(collective_failure(dp, e.what())));
   }
 }
 

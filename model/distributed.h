@@ -61,6 +61,7 @@ class DataParallel {
   bool is_main() const { return env_.rank == 0; }
   const std::string& backend_name() const { return backend_; }
   const c10::Device& device() const { return device_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
   std::string describe() const;  // "rank 1 of 4 (local 1), nccl, master host:port (torchrun)"
 
   // Copies rank 0's values into every rank's tensors (in place; one coalesced broadcast per dtype).
@@ -80,7 +81,7 @@ class DataParallel {
   // where it synchronises anyway, so that all ranks stop after the same step).
   bool any(bool local_flag);
 
-  // Prefixes an error with this rank ("rank 1 of 2: ...") and the likely cause.
+  // Prefixes an error with this rank ("rank 1 of 2: ...").
   std::string rank_error(const std::string& what) const;
 
  private:

@@ -471,7 +471,12 @@ int train(TrainConfig cfg) {
   } catch (const std::exception& e) {
     const std::string msg = e.what();
     if (msg.rfind("rank ", 0) == 0) throw;  // already names the rank
-    throw std::runtime_error(dp->rank_error(msg));
+    // Errors from the reducer's all-reduce surface from backward(): say what they usually mean.
+    const bool comm = msg.find("Gloo") != std::string::npos || msg.find("NCCL") != std::string::npos ||
+                      msg.find("onnection") != std::string::npos || msg.find("imed out") != std::string::npos;
+    throw std::runtime_error(dp->rank_error(comm ? msg + " (a collective failed: another rank probably died, hangs "
+                                                         "or was stopped; see its own error)"
+                                                 : msg));
   }
 }
 
