@@ -49,6 +49,10 @@ int run_train(int argc, char** argv) {
       ("precision", "auto | bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)", cxxopts::value<std::string>()->default_value("auto"))
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("42"))
       ("device", "auto | cuda | cpu", cxxopts::value<std::string>()->default_value("auto"));
+  // Data parallel: read only when RANK/WORLD_SIZE (scripts/launch.sh, torchrun) or SLURM_* say so.
+  options.add_options("several GPUs (scripts/launch.sh --nproc N ./train ..., or srun)")
+      ("dist-backend", "nccl | gloo | auto (nccl on CUDA, gloo on CPU)", cxxopts::value<std::string>()->default_value(d.dist_backend))
+      ("dist-timeout", "seconds a collective may take before the job fails, naming the rank", cxxopts::value<int64_t>()->default_value(std::to_string(d.dist_timeout_s)));
   options.add_options("monitoring")
       ("validate-every", "steps between validations", cxxopts::value<int64_t>()->default_value("100"))
       ("val-windows", "fixed validation windows per validation", cxxopts::value<int64_t>()->default_value("16"))
@@ -86,6 +90,9 @@ int run_train(int argc, char** argv) {
     c.precision = r["precision"].as<std::string>();
     c.seed = r["seed"].as<uint64_t>();
     c.device = r["device"].as<std::string>();
+    c.dist_backend = r["dist-backend"].as<std::string>();
+    c.dist_timeout_s = r["dist-timeout"].as<int64_t>();
+    if (c.dist_timeout_s < 1) throw std::invalid_argument("--dist-timeout must be >= 1 second, got " + std::to_string(c.dist_timeout_s));
     c.validate_every = r["validate-every"].as<int64_t>();
     c.val_windows = r["val-windows"].as<int64_t>();
     c.generate_every = r["generate-every"].as<int64_t>();

@@ -25,6 +25,7 @@
 #include "data/corpus.h"
 #include "model/checkpoint.h"
 #include "model/device.h"
+#include "model/distributed.h"
 #include "model/generate.h"
 #include "model/gpt.h"
 #include "model/autocast.h"
@@ -148,9 +149,14 @@ std::string TrainConfig::to_json() const {
   return j.dump();
 }
 
-int train(TrainConfig cfg) {
+namespace {
+
+// The training run itself; dp is null for a single process (no distributed code on the path).
+int train_process(TrainConfig cfg, DataParallel* dp) {
   validate_config(cfg);
-  const c10::Device device = resolve_device(cfg.device);
+  const c10::Device device = dp ? dp->device() : resolve_device(cfg.device);
+  const bool main_rank = !dp || dp->is_main();  // [dp] only rank 0 logs, writes metrics, saves
+  const int64_t world = dp ? dp->world_size() : 1;
   const Precision precision = resolve_precision(cfg.precision, device);
   torch::manual_seed(cfg.seed);
 
@@ -166,13 +172,17 @@ int train(TrainConfig cfg) {
   }
   if (cfg.run.empty()) cfg.run = default_run_name();
   const fs::path run_dir = fs::path(cfg.checkpoint_dir) / cfg.run;
-  fs::create_directories(run_dir);
+  if (main_rank) fs::create_directories(run_dir);
   const std::string ckpt_path = (run_dir / "latest.pt").string();
 
   // ---- data ----
   cfg.data = data::resolve_corpus_path(cfg.data);
   auto corpus = data::load_corpus(cfg.data, data::parse_split(cfg.split), cfg.seq_len + 1);
-  data::BatchSampler sampler(corpus.train, cfg.seq_len, cfg.batch, cfg.seed);
+  // [dp] Every rank draws the same global batch of batch x world windows from one generator (same
+  // seed) and keeps rows [rank * batch, (rank + 1) * batch): distinct windows per rank, and exactly
+  // the windows of a single process run with --batch batch x world (checkpoints move between
+  // world sizes with the sampler state unchanged).
+  data::BatchSampler sampler(corpus.train, cfg.seq_len, cfg.batch * world, cfg.seed);
   auto val_windows = data::fixed_windows(corpus.val, cfg.seq_len, cfg.val_windows);
 
   // ---- model + optimiser ----
@@ -192,10 +202,19 @@ int train(TrainConfig cfg) {
     state = meta.state;
     sampler.load_state(state.sampler_state);
   }
+  if (dp) {
+    // [dp] rank 0's weights everywhere (a resumed optimiser state is the same file on every rank),
+    // then gradient averaging.
+    std::vector<at::Tensor> sync = model->parameters();
+    for (const auto& t : model->buffers()) sync.push_back(t);
+    dp->broadcast_from_main(sync);
+    dp->attach_reducer(model->parameters());
+  }
   state.train_config_json = cfg.to_json();
 
   // ---- start-up table ----
-  const int64_t tokens_per_step = cfg.batch * cfg.grad_accum * cfg.seq_len;
+  const int64_t tokens_per_step = cfg.batch * cfg.grad_accum * world * cfg.seq_len;
+  if (main_rank) {
   log::info(strf("flashcos train: run '%s' on %s, precision %s", cfg.run.c_str(),
                  device_description(device).c_str(), precision.name.c_str()));
   log::info(strf("  data        %s (train %lld / val %lld / test %lld bytes)", cfg.data.c_str(),
@@ -205,17 +224,31 @@ int train(TrainConfig cfg) {
                  static_cast<long long>(cfg.model.dim), static_cast<long long>(cfg.model.depth),
                  static_cast<long long>(cfg.model.heads), static_cast<long long>(cfg.model.dim_head),
                  cfg.model.num_parameters() / 1e6, cfg.model.attention.c_str(), cfg.model.attention_impl.c_str()));
+  if (dp) {
+    log::info("  parallel    " + dp->describe());
+    log::info(strf("  batch       %lld x %lld accum x %lld ranks x %lld tokens = %lld tokens/step (global batch %lld)",
+                   static_cast<long long>(cfg.batch), static_cast<long long>(cfg.grad_accum),
+                   static_cast<long long>(world), static_cast<long long>(cfg.seq_len),
+                   static_cast<long long>(tokens_per_step), static_cast<long long>(cfg.batch * cfg.grad_accum * world)));
+  } else {
   log::info(strf("  batch       %lld x %lld accum x %lld tokens = %lld tokens/step", static_cast<long long>(cfg.batch),
                  static_cast<long long>(cfg.grad_accum), static_cast<long long>(cfg.seq_len),
                  static_cast<long long>(tokens_per_step)));
+  }
   log::info(strf("  optimiser   %s lr %.3g (%s, warmup %lld), clip %.3g, steps %lld%s",
                  cfg.weight_decay > 0 ? "AdamW" : "Adam", cfg.lr, cfg.schedule.c_str(),
                  static_cast<long long>(cfg.warmup), cfg.clip_grad, static_cast<long long>(cfg.steps),
                  resume_path.empty() ? "" : strf(", resumed at step %lld", static_cast<long long>(state.step)).c_str()));
   log::info(strf("  output      %s (metrics.jsonl, latest.pt)", run_dir.string().c_str()));
+  }  // main_rank
 
-  MetricsLog metrics((run_dir / "metrics.jsonl").string());
-  {
+  // [dp] ranks other than 0 write nothing: no metrics file, no config, no checkpoints.
+  std::unique_ptr<MetricsLog> metrics_file;
+  if (main_rank) metrics_file = std::make_unique<MetricsLog>((run_dir / "metrics.jsonl").string());
+  auto write_metrics = [&](const nlohmann::json& record) {
+    if (metrics_file) metrics_file->write(record);
+  };
+  if (main_rank) {
     std::ofstream cfg_out(run_dir / "config.json");
     cfg_out << nlohmann::json{{"train", nlohmann::json::parse(cfg.to_json())},
                               {"model", nlohmann::json::parse(cfg.model.to_json())}}
@@ -224,6 +257,7 @@ int train(TrainConfig cfg) {
   }
 
   auto save = [&](const char* why) {
+    if (!main_rank) return;
     save_checkpoint(ckpt_path, model, optimizer.get(), cfg.model, state);
     log::info(strf("saved %s at step %lld (%s)", ckpt_path.c_str(), static_cast<long long>(state.step), why));
   };
@@ -233,13 +267,25 @@ int train(TrainConfig cfg) {
     model->eval();
     double total = 0;
     int64_t count = 0;
-    for (int64_t i = 0; i < val_windows.size(0); i += cfg.batch) {
-      auto w = val_windows.slice(0, i, std::min(val_windows.size(0), i + cfg.batch)).to(device);
+    // [dp] rank r takes a contiguous 1/world share of the windows; sums and counts are reduced.
+    const int64_t n = val_windows.size(0);
+    const int64_t rank = dp ? dp->rank() : 0;
+    const int64_t lo = n * rank / world, hi = n * (rank + 1) / world;
+    for (int64_t i = lo; i < hi; i += cfg.batch) {
+      auto w = val_windows.slice(0, i, std::min(hi, i + cfg.batch)).to(device);
       AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
       total += model->loss(w).item<double>() * w.size(0);
       count += w.size(0);
     }
     model->train();
+    if (dp) {
+      auto sums = torch::tensor({total, static_cast<double>(count)}, torch::TensorOptions().dtype(at::kDouble))
+                      .to(device);
+      dp->all_reduce_sum(sums);
+      sums = sums.cpu();
+      total = sums[0].item<double>();
+      count = static_cast<int64_t>(sums[1].item<double>());
+    }
     return total / std::max<int64_t>(1, count);
   };
 
@@ -279,7 +325,7 @@ int train(TrainConfig cfg) {
   bool profiling = false;
 
   while (state.step < cfg.steps) {
-    if (cfg.profile_steps > 0 && state.step == profile_begin && profile_end <= cfg.steps) {
+    if (cfg.profile_steps > 0 && main_rank && state.step == profile_begin && profile_end <= cfg.steps) {
       synchronize(device);
       start_step_profile();
       profiling = true;
@@ -289,12 +335,18 @@ int train(TrainConfig cfg) {
     optimizer->zero_grad(true);
     at::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      auto batch = sampler.next().to(device, /*non_blocking=*/true);
+      auto batch = sampler.next();
+      if (dp) batch = batch.slice(0, dp->rank() * cfg.batch, (dp->rank() + 1) * cfg.batch);
+      batch = batch.to(device, /*non_blocking=*/true);
+      // [dp] only the last micro-batch's backward averages gradients over ranks (no_sync before).
+      const bool reduce_now = dp && micro == cfg.grad_accum - 1;
+      if (reduce_now) dp->prepare_for_forward();
       at::Tensor loss;
       {
         AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
         loss = model->loss(batch) / static_cast<double>(cfg.grad_accum);
       }
+      if (reduce_now) dp->prepare_for_backward(loss);
       (precision.loss_scaling ? loss * state.loss_scale : loss).backward();
       step_loss += loss.detach();
     }
@@ -337,6 +389,16 @@ int train(TrainConfig cfg) {
     loss_sum += step_loss;
 
     const bool log_now = state.step % cfg.log_every == 0 || state.step == cfg.steps;
+    // [dp] the loss is averaged over ranks and Ctrl-C / SIGTERM agreed on at logging steps (which
+    // synchronise anyway), so all ranks diverge, stop and save after the same step.
+    bool dp_stop = false;
+    if (dp && log_now) {
+      auto both = torch::stack({loss_sum.to(at::kFloat) / static_cast<double>(world),
+                                torch::full({}, g_interrupts.load() > 0 ? 1.0 : 0.0, loss_sum.options().dtype(at::kFloat))});
+      dp->all_reduce_sum(both);
+      loss_sum.copy_(both[0]);
+      dp_stop = both[1].item<float>() > 0;
+    }
     if (log_now) {
       const double loss = loss_sum.item<double>() / steps_since_log;
       if (!std::isfinite(loss) && !precision.loss_scaling) {
@@ -355,39 +417,67 @@ int train(TrainConfig cfg) {
                               lr, tok_s / 1e3, format_duration(eta).c_str());
       if (device.is_cuda()) line += strf(" | peak mem %.2f GiB", mem);
       if (precision.loss_scaling) line += strf(" | scale %.0f (%lld skipped)", state.loss_scale, static_cast<long long>(skipped));
-      if (tty) {
+      if (!main_rank) {
+      } else if (tty) {
         std::fprintf(stderr, "\r\033[K%s", line.c_str());
         std::fflush(stderr);
       } else {
         log::info(line);
       }
-      metrics.write({{"event", "train"}, {"step", state.step}, {"loss", loss}, {"bpc", loss / kLn2}, {"lr", lr},
+      write_metrics({{"event", "train"}, {"step", state.step}, {"loss", loss}, {"bpc", loss / kLn2}, {"lr", lr},
                      {"tok_per_s", tok_s}, {"peak_mem_gib", mem}, {"time_s", elapsed}});
       loss_sum.zero_();
       steps_since_log = 0;
       last_log = std::chrono::steady_clock::now();
     }
-    const bool interrupted = g_interrupts.load() > 0;
+    const bool interrupted = dp ? dp_stop : g_interrupts.load() > 0;
     if (state.step % cfg.validate_every == 0 || state.step == cfg.steps) {
       const double val = evaluate_val();
+      if (main_rank) {
       if (tty) std::fprintf(stderr, "\n");
       log::info(strf("step %lld validation: loss %.4f nats, %.4f bpc (%lld windows of %lld)",
                      static_cast<long long>(state.step), val, val / kLn2,
                      static_cast<long long>(val_windows.size(0)), static_cast<long long>(cfg.seq_len)));
-      metrics.write({{"event", "val"}, {"step", state.step}, {"loss", val}, {"bpc", val / kLn2}});
+      }
+      write_metrics({{"event", "val"}, {"step", state.step}, {"loss", val}, {"bpc", val / kLn2}});
     }
-    if (cfg.generate_every > 0 && state.step % cfg.generate_every == 0 && !interrupted) sample_text();
+    if (cfg.generate_every > 0 && state.step % cfg.generate_every == 0 && !interrupted && main_rank) sample_text();
     if (state.step % cfg.save_every == 0 || state.step == cfg.steps || interrupted) {
       save(interrupted ? "interrupted" : state.step == cfg.steps ? "done" : "periodic");
     }
     if (interrupted) {
-      log::info("interrupted: checkpoint saved, resume with --resume " + ckpt_path);
+      if (main_rank) log::info("interrupted: checkpoint saved, resume with --resume " + ckpt_path);
       return 0;
     }
   }
-  if (tty) std::fprintf(stderr, "\n");
-  log::info(strf("done: %lld steps, peak memory %.2f GiB", static_cast<long long>(state.step), peak_memory_gib(device)));
+  if (tty && main_rank) std::fprintf(stderr, "\n");
+  if (main_rank) log::info(strf("done: %lld steps, peak memory %.2f GiB", static_cast<long long>(state.step), peak_memory_gib(device)));
   return 0;
+}
+
+}  // namespace
+
+int train(TrainConfig cfg) {
+  const auto env = detect_dist_env();
+  if (!env) return train_process(std::move(cfg), nullptr);  // today's single-process trainer
+  // [dp] one process of a data-parallel job (model/distributed.h).
+  const c10::Device device = device_for_rank(resolve_device(cfg.device), *env);
+  auto dp = DataParallel::create(*env, cfg.dist_backend, device, std::chrono::milliseconds(cfg.dist_timeout_s * 1000));
+  if (!dp->is_main()) log::init("warn");  // progress, tables and saves come from rank 0
+  try {
+    return train_process(std::move(cfg), dp.get());
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    if (msg.rfind("rank ", 0) == 0) throw;  // already names the rank
+    // Errors from the reducer's all-reduce surface from backward(): say what they usually mean.
+    const bool comm = msg.find("Gloo") != std::string::npos || msg.find("NCCL") != std::string::npos ||
+                      msg.find("onnection") != std::string::npos || msg.find("imed out") != std::string::npos;
+    throw std::runtime_error(dp->rank_error(comm ? msg + " (a collective failed: another rank probably died, hangs "
+                                                         "or was stopped; see its own error)"
+                                                 : msg));
+  }
 }
 
 }  // namespace flashcos::model

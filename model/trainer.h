@@ -35,6 +35,10 @@ struct TrainConfig {
   std::string resume;               // checkpoint file or run folder to continue
   uint64_t seed = 42;
   std::string device = "auto";      // auto | cuda | cpu
+  // Data parallel (model/distributed.h), used only when the environment describes a job
+  // (RANK/WORLD_SIZE as torchrun sets, or SLURM_PROCID/SLURM_NTASKS > 1).
+  std::string dist_backend = "auto";  // nccl | gloo | auto (nccl on CUDA, gloo on CPU)
+  int64_t dist_timeout_s = 300;       // a collective not done within this fails, naming the rank
   ModelConfig model;
 
   std::string to_json() const;

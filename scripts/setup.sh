@@ -26,7 +26,7 @@ say() { printf '[setup] %s\n' "$*"; }
 # ---- system packages ----------------------------------------------------------------------
 need_pkgs=()
 for p in build-essential cmake ninja-build libspdlog-dev libcxxopts-dev zlib1g-dev nlohmann-json3-dev \
-         libgtest-dev gnuplot-nox curl unzip python3-venv ccache; do
+         libgtest-dev gnuplot-nox curl unzip python3-venv ccache libgloo-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
