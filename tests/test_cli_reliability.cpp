@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "common/log.h"
@@ -222,6 +223,26 @@ TEST(TrainCli, SampleLengthBeyondMemoryIsRefused) {
   EXPECT_EQ(r.exit_code, 2) << r.output.substr(0, 2000);
   EXPECT_TRUE(contains(r.output, "--length")) << r.output.substr(0, 2000);
   EXPECT_TRUE(contains(r.output, "memory")) << r.output.substr(0, 2000);
+}
+
+// ---- 10. an exploding (finite) loss ------------------------------------------------------------
+
+TEST(TrainCli, ExplodingLossWarnsOnce) {
+  TempRun t;
+  // lr 1000 without clipping: the loss climbs to ~1e7 and stays finite (the NaN check never fires).
+  RunResult r = run_train(t.tiny("--steps 15 --lr 1000 --clip-grad 0 --log-every 5 --run boom"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const auto m = metrics(t.run_dir("boom"));
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_GT(m.back()["loss"].get<double>(), 1e4);
+  EXPECT_TRUE(std::isfinite(m.back()["loss"].get<double>()));
+  size_t warnings = 0;
+  for (size_t pos = 0; (pos = r.output.find("for 10 steps in a row", pos)) != std::string::npos; ++pos) ++warnings;
+  EXPECT_EQ(warnings, 1u) << r.output;
+  // A healthy run says nothing of the kind.
+  RunResult calm = run_train(t.tiny("--steps 5 --log-every 5 --run calm"));
+  EXPECT_EQ(calm.exit_code, 0) << calm.output;
+  EXPECT_FALSE(contains(calm.output, "in a row")) << calm.output;
 }
 
 // ---- 9. --help -------------------------------------------------------------------------------

@@ -31,7 +31,12 @@ struct RunResult {
   std::string output;  // stdout and stderr together
 };
 
-inline std::string quote(const std::string& s) { return "'" + s + "'"; }
+// Single-quotes `s` for the shell (an embedded ' becomes '\'').
+inline std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (const char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
 
 // Runs `/bin/bash -c "<prefix> exec train <args>"` and waits. `prefix` may set limits (ulimit).
 inline RunResult run_train(const std::string& args, const std::string& prefix = "") {
