@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "app/attention_choice.h"
 #include "app/cli.h"
 #include "app/commands.h"
 #include "common/log.h"
@@ -34,6 +35,8 @@ int run_eval(int argc, char** argv) {
       ("max-windows", "evaluate at most N evenly spaced windows (0: all)", cxxopts::value<int64_t>()->default_value("0"))
       ("precision", "auto | bf16 | fp32", cxxopts::value<std::string>()->default_value("auto"))
       ("device", "auto | cuda | cpu", cxxopts::value<std::string>()->default_value("auto"))
+      ("attention-impl", "plain | sdpa | tiled | fused (default: the checkpoint's; tiled when fused cannot run here)",
+       cxxopts::value<std::string>())
       ("h,help", "print this help");
   cxxopts::ParseResult r;
   int code = 0;
@@ -43,8 +46,10 @@ int run_eval(int argc, char** argv) {
     if (!r.count("checkpoint")) throw std::invalid_argument("--checkpoint is required (a .pt file or a run folder)");
     const auto device = model::resolve_device(r["device"].as<std::string>());
     const auto path = model::resolve_checkpoint_path(r["checkpoint"].as<std::string>());
+    const std::string impl = pick_attention_impl(r.count("attention-impl") ? r["attention-impl"].as<std::string>() : "",
+                                                 model::read_checkpoint_meta(path).model.attention_impl, device);
     model::CheckpointMeta meta;
-    auto gpt = model::load_model(path, device, &meta);
+    auto gpt = model::load_model(path, device, &meta, impl);
     const auto train_cfg = nlohmann::json::parse(meta.state.train_config_json);
     std::string data_path = r.count("data") ? r["data"].as<std::string>() : train_cfg.value("data", "data/enwik8");
     const std::string split = r.count("split") ? r["split"].as<std::string>() : train_cfg.value("split", "90M,5M,5M");

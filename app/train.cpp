@@ -1,4 +1,6 @@
 // ./train [train] --data data/enwik8 --seq-len 8192 --use-cuda-kernel ...
+#include <nlohmann/json.hpp>
+
 #include <stdexcept>
 
 #include "app/cli.h"
@@ -10,14 +12,76 @@
 namespace flashcos::app {
 namespace {
 
-const char* kModelFlags[] = {"dim", "depth", "heads", "dim-head", "attention", "attention-impl", "use-cuda-kernel",
+// Model options that fix the weights' shapes or meaning: a resume refuses a value that differs
+// from the checkpoint's. (--attention-impl / --use-cuda-kernel may change: same weights.)
+const char* kModelFlags[] = {"dim", "depth", "heads", "dim-head", "attention",
                              "attn-scale", "l2norm-groups", "max-seq-len", "fastmax-p", "pos", "rope-base"};
+
+std::string json_key(const std::string& flag) {
+  std::string key = flag;
+  for (auto& ch : key)
+    if (ch == '-') ch = '_';
+  return key;
+}
+
+// --resume: the checkpoint's saved train config is the base; each option given on this command
+// line overrides it (and is printed); model-shape options must agree with the checkpoint.
+model::TrainConfig resolve_resume(const model::TrainConfig& cli, const cxxopts::ParseResult& r) {
+  const std::string path = model::resolve_checkpoint_path(cli.resume);
+  const auto meta = model::read_checkpoint_meta(path);
+  const auto saved = nlohmann::json::parse(model::TrainConfig::from_json(meta.state.train_config_json, cli).to_json());
+  const auto given = nlohmann::json::parse(cli.to_json());
+  const auto saved_model = nlohmann::json::parse(meta.model.to_json());
+  const auto given_model = nlohmann::json::parse(cli.model.to_json());
+
+  for (const char* flag : kModelFlags) {
+    const std::string key = json_key(flag);
+    if (!r.count(flag) || !given_model.contains(key) || given_model[key] == saved_model[key]) continue;
+    throw std::invalid_argument(std::string("--") + flag + " " + given_model[key].dump() + " differs from the checkpoint's " +
+                                saved_model[key].dump() + ": the model's shape cannot change on --resume (drop --" +
+                                flag + ", or start a new run)");
+  }
+
+  log::info("resume: restoring the run's configuration from " + path + " (options given here override it)");
+  nlohmann::json merged = saved;
+  for (const auto& [key, value] : given.items()) {
+    std::string flag = key;
+    for (auto& ch : flag)
+      if (ch == '_') ch = '-';
+    if (key == "resume") {
+      merged[key] = value;
+    } else if (key == "run" || key == "checkpoint_dir") {
+      // Default: continue in the checkpoint's own run folder (the trainer derives it from the path).
+      merged[key] = r.count(flag) ? value : nlohmann::json(key == "run" ? "" : cli.checkpoint_dir);
+      if (r.count(flag)) log::info("resume: --" + flag + " " + value.dump() + " (a new run folder, not the checkpoint's)");
+    } else if (r.count(flag)) {
+      merged[key] = value;
+      if (!saved.contains(key) || saved[key] != value) {
+        log::info("resume: --" + flag + " " + value.dump() + " overrides the checkpoint's " +
+                  (saved.contains(key) ? saved[key].dump() : std::string("(not recorded)")));
+      }
+    }
+  }
+  model::TrainConfig c = model::TrainConfig::from_json(merged.dump(), cli);
+  c.profile_steps = cli.profile_steps;
+  c.overwrite = cli.overwrite;
+  c.model = meta.model;
+  if (r.count("attention-impl") || r.count("use-cuda-kernel")) {
+    c.model.attention_impl = cli.model.attention_impl;
+    if (cli.model.attention_impl != meta.model.attention_impl) {
+      log::info("resume: attention implementation " + cli.model.attention_impl + " overrides the checkpoint's " +
+                meta.model.attention_impl + " (same weights)");
+    }
+  }
+  return c;
+}
 
 }  // namespace
 
 int run_train(int argc, char** argv) {
   model::TrainConfig d;
-  cxxopts::Options options("./train", "Train the byte-level GPT on enwik8 (or any byte corpus).");
+  cxxopts::Options options("./train", "Train the byte-level GPT on enwik8 (or any byte corpus).\n"
+                                      "Other subcommands: ./train sample | eval | bench (each with --help).");
   options.add_options("data")
       ("data", "corpus file, raw or .gz (get enwik8 with scripts/download_enwik8.sh)", cxxopts::value<std::string>()->default_value(d.data))
       ("split", "train,val,test bytes (K/M/G suffixes) or fractions", cxxopts::value<std::string>()->default_value(d.split))
@@ -62,7 +126,8 @@ int run_train(int argc, char** argv) {
       ("log-every", "steps between progress lines / metrics records", cxxopts::value<int64_t>()->default_value("10"))
       ("checkpoint-dir", "folder of runs", cxxopts::value<std::string>()->default_value(d.checkpoint_dir))
       ("run", "run name (default run-<date>-<time>)", cxxopts::value<std::string>())
-      ("resume", "continue from a checkpoint file or run folder", cxxopts::value<std::string>())
+      ("resume", "continue from a checkpoint file or run folder: its saved options are restored, options given here override them", cxxopts::value<std::string>())
+      ("overwrite", "reuse an existing --run folder, replacing its checkpoint and metrics")
       ("profile-steps", "record GPU time per kernel over N steps (after 2 warm-up steps), print it and save profile.json in the run folder", cxxopts::value<int64_t>()->default_value("0"))
       ("log-level", "trace | debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
       ("h,help", "print this help");
@@ -70,9 +135,9 @@ int run_train(int argc, char** argv) {
   cxxopts::ParseResult r;
   int code = 0;
   if (!parse_or_exit(options, argc, argv, r, code)) return code;
-  log::init(r["log-level"].as<std::string>());
 
   return run_guarded([&] {
+    log::init(r["log-level"].as<std::string>());
     model::TrainConfig c;
     c.data = r["data"].as<std::string>();
     c.split = r["split"].as<std::string>();
@@ -104,6 +169,7 @@ int run_train(int argc, char** argv) {
     if (c.profile_steps < 0) throw std::invalid_argument("--profile-steps must be >= 0, got " + std::to_string(c.profile_steps));
     if (r.count("run")) c.run = r["run"].as<std::string>();
     if (r.count("resume")) c.resume = r["resume"].as<std::string>();
+    c.overwrite = r.count("overwrite") > 0;
 
     auto& m = c.model;
     m.dim = r["dim"].as<int64_t>();
@@ -127,20 +193,8 @@ int run_train(int argc, char** argv) {
     m.rope_base = r["rope-base"].as<double>();
     m.validate();
 
-    if (!c.resume.empty()) {
-      // The model comes from the checkpoint: explicit model flags must agree with it.
-      const auto saved = model::read_checkpoint_meta(model::resolve_checkpoint_path(c.resume)).model;
-      for (const char* flag : kModelFlags) {
-        if (!r.count(flag)) continue;
-        auto mine = m;
-        mine.max_seq_len = saved.max_seq_len;  // derived from --seq-len unless given
-        if (r.count("max-seq-len")) mine.max_seq_len = m.max_seq_len;
-        if (mine.to_json() != saved.to_json()) {
-          throw std::invalid_argument(std::string("--") + flag + " differs from the checkpoint's model (" +
-                                      saved.to_json() + "); drop the model flags when resuming");
-        }
-      }
-    }
+    if (!c.resume.empty()) c = resolve_resume(c, r);
+    model::validate_train_config(c);
     return model::train(c);
   });
 }

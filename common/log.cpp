@@ -2,21 +2,39 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <vector>
 
 namespace flashcos::log {
 
+spdlog::level::level_enum parse_level(const std::string& level, const char* source) {
+  std::string lvl;
+  for (const char ch : level) lvl += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lvl == "warning") lvl = "warn";
+  if (lvl == "trace") return spdlog::level::trace;
+  if (lvl == "debug") return spdlog::level::debug;
+  if (lvl == "info") return spdlog::level::info;
+  if (lvl == "warn") return spdlog::level::warn;
+  if (lvl == "error") return spdlog::level::err;
+  if (lvl == "off") return spdlog::level::off;
+  // spdlog's from_str maps anything unknown to "off", which would silence even the divergence error.
+  throw std::invalid_argument(std::string(source) + " must be trace, debug, info, warn, error or off (any case), got '" +
+                              level + "'");
+}
+
 void init(const std::string& level) {
-  std::string lvl = level;
-  if (lvl.empty()) {
-    const char* env = std::getenv("FLASHCOS_LOG_LEVEL");
-    lvl = env ? env : "info";
+  spdlog::level::level_enum lvl = spdlog::level::info;
+  if (!level.empty()) {
+    lvl = parse_level(level, "--log-level");
+  } else if (const char* env = std::getenv("FLASHCOS_LOG_LEVEL"); env && *env) {
+    lvl = parse_level(env, "FLASHCOS_LOG_LEVEL");
   }
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
-  spdlog::set_level(spdlog::level::from_str(lvl));
+  spdlog::set_level(lvl);
 }
 
 void debug(const std::string& msg) { spdlog::debug(msg); }

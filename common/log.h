@@ -7,8 +7,9 @@
 
 namespace flashcos::log {
 
-// Sets one pattern and the level ("trace", "debug", "info", "warn", "error", "off").
-// An empty level reads FLASHCOS_LOG_LEVEL, defaulting to "info".
+// Sets one pattern and the level ("trace", "debug", "info", "warn", "error", "off"; any case).
+// An empty level reads FLASHCOS_LOG_LEVEL, defaulting to "info". An unknown level throws
+// std::invalid_argument naming the option (or the variable) and the accepted values.
 void init(const std::string& level = "");
 
 void debug(const std::string& msg);

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -153,6 +154,33 @@ void read_file(const std::string& path, Buffer* out) {
 
 bool is_gzip(const Buffer& b) { return b.size >= 2 && b.data[0] == 0x1f && b.data[1] == 0x8b; }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// A file named *.gz that does not start with the gzip magic bytes (1f 8b) would otherwise be
+// trained on as raw bytes: name what it looks like instead.
+void require_gzip_magic(const std::string& path, const Buffer& b) {
+  auto starts = [&](std::initializer_list<int> magic) {
+    size_t i = 0;
+    for (int m : magic) {
+      if (i >= b.size || b.data[i] != m) return false;
+      ++i;
+    }
+    return true;
+  };
+  std::string looks;
+  if (starts({'B', 'Z', 'h'})) looks = " (it looks like bzip2: decompress it with bunzip2 first)";
+  else if (starts({0xfd, '7', 'z', 'X', 'Z'})) looks = " (it looks like xz: decompress it with unxz first)";
+  else if (starts({0x28, 0xb5, 0x2f, 0xfd})) looks = " (it looks like zstd: decompress it with unzstd first)";
+  else if (starts({'P', 'K', 3, 4})) looks = " (it looks like a zip archive: unzip it first)";
+  std::string head;
+  for (size_t i = 0; i < std::min<size_t>(4, b.size); ++i) head += strf("%s%02x", i ? " " : "", b.data[i]);
+  throw std::runtime_error(strf("data file '%s' ends in .gz but is not gzip: it starts with bytes [%s], gzip starts "
+                                "with 1f 8b%s. Pass a real gzip file or the raw file (without .gz).",
+                                path.c_str(), head.c_str(), looks.c_str()));
+}
+
 // Inflates a gzip file (one or more members) held in `in` into `out`, in large chunks straight
 // into one buffer sized from the ISIZE trailer (uncompressed size mod 2^32) as a hint.
 void gunzip(const std::string& path, const Buffer& in, Buffer* out) {
@@ -285,6 +313,7 @@ Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_
   Corpus c;
   c.path = path;
   c.gzip = is_gzip(raw);
+  if (!c.gzip && ends_with(path, ".gz")) require_gzip_magic(path, raw);
   Buffer bytes;
   if (c.gzip) {
     gunzip(path, raw, &bytes);

@@ -5,8 +5,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -69,11 +74,39 @@ void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
   }
   fs::create_directories(fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path());
   const std::string tmp = path + ".tmp";
+  // Our own writer: libtorch's file writer throws on a full disk from a place that can end in
+  // std::terminate. This one records the first error (errno) and swallows the rest of the bytes,
+  // so the archive finishes cleanly and we report, remove the .tmp and keep the old checkpoint.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("could not create '" + tmp + "': " + std::strerror(errno));
+  int write_errno = 0;
+  auto writer = [&](const void* buf, size_t n) -> size_t {
+    const char* p = static_cast<const char*>(buf);
+    size_t left = n;
+    while (left > 0 && write_errno == 0) {
+      const ssize_t w = ::write(fd, p, left);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        write_errno = errno;
+        break;
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+    return n;
+  };
+  std::string other_error;
   try {
-    root.save_to(tmp);
+    root.save_to(writer);
   } catch (const std::exception& e) {
+    other_error = std::string(e.what()).substr(0, 200);
+  }
+  if (write_errno == 0 && other_error.empty() && ::fsync(fd) != 0) write_errno = errno;
+  if (::close(fd) != 0 && write_errno == 0) write_errno = errno;
+  if (write_errno != 0 || !other_error.empty()) {
     std::remove(tmp.c_str());
-    throw std::runtime_error("could not write checkpoint '" + tmp + "': " + std::string(e.what()).substr(0, 200));
+    throw std::runtime_error("could not write checkpoint '" + tmp + "': " +
+                             (write_errno ? std::string(std::strerror(write_errno)) : other_error));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
@@ -138,8 +171,13 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
   }
 }
 
-GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out) {
+GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out,
+               const std::string& attention_impl) {
   auto meta = read_checkpoint_meta(path);
+  if (!attention_impl.empty()) {
+    meta.model.attention_impl = attention_impl;
+    meta.model.validate();
+  }
   GPT model(meta.model);
   model->to(device);
   load_checkpoint(path, model, nullptr, device);

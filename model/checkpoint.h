@@ -42,8 +42,10 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
                      const torch::Device& device);
 
-// A model rebuilt from the checkpoint alone, on `device`, in eval mode.
-GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta = nullptr);
+// A model rebuilt from the checkpoint alone, on `device`, in eval mode. A non-empty
+// `attention_impl` replaces the recorded one (the weights are the same for every implementation).
+GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta = nullptr,
+               const std::string& attention_impl = "");
 
 // "checkpoints/run" or "checkpoints/run/latest.pt" -> the .pt path.
 std::string resolve_checkpoint_path(const std::string& path_or_dir);

@@ -53,4 +53,15 @@ void reset_peak_memory(const c10::Device& device) {
 #endif
 }
 
+std::string fused_attention_unavailable(const c10::Device& device) {
+#ifdef FLASHCOS_WITH_CUDA
+  if (device.is_cuda()) return "";
+  return "the fused kernels need a CUDA GPU and the run is on " + device.str() +
+         (torch::cuda::is_available() ? " (pass --device cuda)" : " (no CUDA GPU is visible on this machine)");
+#else
+  (void)device;
+  return "this build has no CUDA kernels (it was configured without CUDA)";
+#endif
+}
+
 }  // namespace flashcos::model

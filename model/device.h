@@ -14,5 +14,7 @@ void synchronize(const c10::Device& device);
 // Peak bytes allocated through the CUDA caching allocator since the last reset (0 on CPU).
 double peak_memory_gib(const c10::Device& device);
 void reset_peak_memory(const c10::Device& device);
+// Why the fused CUDA attention kernels cannot run on `device` in this build ("" when they can).
+std::string fused_attention_unavailable(const c10::Device& device);
 
 }  // namespace flashcos::model

@@ -1,7 +1,8 @@
 // The training loop. Per optimiser step: grad_accum micro-batches of random crops (pinned,
 // copied non-blocking), autocast forward, backward, clip, Adam(W) step, LR schedule. Every
 // validate_every steps: loss on fixed validation windows; every generate_every: a sample.
-// Checkpoints are atomic (model/checkpoint.h); the first Ctrl-C finishes the step, saves, exits 0.
+// Checkpoints are atomic (model/checkpoint.h); a failed save (full disk) is logged and retried at
+// the next save, never fatal. The first Ctrl-C / SIGTERM / SIGHUP finishes the step and saves.
 #include "model/trainer.h"
 
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -28,6 +30,7 @@
 #include "model/distributed.h"
 #include "model/generate.h"
 #include "model/gpt.h"
+#include "model/loss_scaler.h"
 #include "model/autocast.h"
 #include "model/optim.h"
 #include "model/profile.h"
@@ -40,9 +43,17 @@ namespace {
 constexpr double kLn2 = 0.69314718055994530942;
 
 std::atomic<int> g_interrupts{0};
-extern "C" void on_sigint(int) {
-  if (g_interrupts.fetch_add(1) >= 1) std::_Exit(130);  // second Ctrl-C: leave at once
+std::atomic<int> g_stop_signal{0};  // the first SIGINT / SIGTERM / SIGHUP received
+extern "C" void on_stop_signal(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig);
+  if (g_interrupts.fetch_add(1) >= 1) std::_Exit(128 + sig);  // a second signal: leave at once
 }
+
+// A loss above kExplodingLoss for kExplodingSteps steps in a row (finite, so the NaN check does
+// not fire) is worth a warning. Tracked on the device: no host sync per step.
+constexpr double kExplodingLoss = 1e4;
+constexpr int64_t kExplodingSteps = 10;
 
 struct Precision {
   bool autocast = false;
@@ -67,6 +78,29 @@ std::string default_run_name() {
   char buf[64];
   std::strftime(buf, sizeof(buf), "run-%Y%m%d-%H%M%S", std::localtime(&now));
   return buf;
+}
+
+// Claims the run folder. A default name (`unique`) that is taken, even by a run started the same
+// second, gets a -2, -3, ... suffix: create_directory is atomic, so two processes never share one.
+fs::path claim_run_dir(const fs::path& checkpoint_dir, std::string& run, bool unique) {
+  fs::create_directories(checkpoint_dir);
+  if (!unique) {
+    fs::create_directories(checkpoint_dir / run);
+    return checkpoint_dir / run;
+  }
+  const std::string base = run;
+  for (int i = 2; !fs::create_directory(checkpoint_dir / run); ++i) run = base + "-" + std::to_string(i);
+  return checkpoint_dir / run;
+}
+
+// The run's own files, removed by --overwrite (never the folder itself or anything else in it).
+constexpr const char* kRunFiles[] = {"latest.pt", "latest.pt.tmp", "metrics.jsonl", "config.json", "profile.json"};
+
+std::string free_space(const fs::path& dir) {
+  std::error_code ec;
+  const auto sp = fs::space(dir, ec);
+  if (ec) return "free space unknown (" + ec.message() + ")";
+  return strf("%.1f MiB free", static_cast<double>(sp.available) / (1024.0 * 1024.0));
 }
 
 std::string format_duration(double seconds) {
@@ -118,7 +152,9 @@ class MetricsLog {
   std::ofstream out_;
 };
 
-void validate_config(const TrainConfig& c) {
+}  // namespace
+
+void validate_train_config(const TrainConfig& c) {
   auto require = [](bool ok, const std::string& msg) {
     if (!ok) throw std::invalid_argument(msg);
   };
@@ -133,9 +169,16 @@ void validate_config(const TrainConfig& c) {
           "--validate-every, --save-every, --log-every must be >= 1 (--generate-every 0 disables samples)");
   require(c.seq_len <= c.model.max_seq_len, "--seq-len " + std::to_string(c.seq_len) + " exceeds the model's max_seq_len " +
                                                 std::to_string(c.model.max_seq_len));
+  require(c.warmup >= 0, "--warmup must be >= 0, got " + std::to_string(c.warmup));
+  require(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, strf("--min-lr-ratio must be in [0, 1], got %g", c.min_lr_ratio));
+  require(c.weight_decay >= 0 && std::isfinite(c.weight_decay), strf("--weight-decay must be >= 0, got %g", c.weight_decay));
+  require(c.val_windows >= 1, "--val-windows must be >= 1, got " + std::to_string(c.val_windows));
+  require(c.generate_length >= 1, "--generate-length must be >= 1, got " + std::to_string(c.generate_length));
+  require(c.profile_steps >= 0, "--profile-steps must be >= 0, got " + std::to_string(c.profile_steps));
+  require(c.run.find('/') == std::string::npos && c.run != "." && c.run != "..",
+          "--run must be a plain folder name (no '/'), got '" + c.run + "'");
+  c.model.validate();
 }
-
-}  // namespace
 
 std::string TrainConfig::to_json() const {
   nlohmann::json j = {{"data", data}, {"split", split}, {"seq_len", seq_len}, {"batch", batch},
@@ -149,15 +192,54 @@ std::string TrainConfig::to_json() const {
   return j.dump();
 }
 
+TrainConfig TrainConfig::from_json(const std::string& json, const TrainConfig& d) {
+  TrainConfig c = d;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+    c.data = j.value("data", d.data);
+    c.split = j.value("split", d.split);
+    c.seq_len = j.value("seq_len", d.seq_len);
+    c.batch = j.value("batch", d.batch);
+    c.grad_accum = j.value("grad_accum", d.grad_accum);
+    c.steps = j.value("steps", d.steps);
+    c.lr = j.value("lr", d.lr);
+    c.warmup = j.value("warmup", d.warmup);
+    c.schedule = j.value("schedule", d.schedule);
+    c.min_lr_ratio = j.value("min_lr_ratio", d.min_lr_ratio);
+    c.weight_decay = j.value("weight_decay", d.weight_decay);
+    c.clip_grad = j.value("clip_grad", d.clip_grad);
+    c.precision = j.value("precision", d.precision);
+    c.validate_every = j.value("validate_every", d.validate_every);
+    c.val_windows = j.value("val_windows", d.val_windows);
+    c.generate_every = j.value("generate_every", d.generate_every);
+    c.generate_length = j.value("generate_length", d.generate_length);
+    c.save_every = j.value("save_every", d.save_every);
+    c.log_every = j.value("log_every", d.log_every);
+    c.checkpoint_dir = j.value("checkpoint_dir", d.checkpoint_dir);
+    c.run = j.value("run", d.run);
+    c.resume = j.value("resume", d.resume);
+    c.seed = j.value("seed", d.seed);
+    c.device = j.value("device", d.device);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(std::string("malformed train config: ") + e.what());
+  }
+  return c;
+}
+
 namespace {
 
 // The training run itself; dp is null for a single process (no distributed code on the path).
 int train_process(TrainConfig cfg, DataParallel* dp) {
-  validate_config(cfg);
+  validate_train_config(cfg);
   const c10::Device device = dp ? dp->device() : resolve_device(cfg.device);
   const bool main_rank = !dp || dp->is_main();  // [dp] only rank 0 logs, writes metrics, saves
   const int64_t world = dp ? dp->world_size() : 1;
   const Precision precision = resolve_precision(cfg.precision, device);
+  if (cfg.model.attention_impl == "fused") {
+    const std::string why = fused_attention_unavailable(device);
+    if (!why.empty()) throw std::invalid_argument("--use-cuda-kernel (--attention-impl fused): " + why);
+  }
   torch::manual_seed(cfg.seed);
 
   // ---- resume: model config, step, sampler and scaler state come from the checkpoint ----
@@ -166,14 +248,28 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   if (!cfg.resume.empty()) {
     resume_path = resolve_checkpoint_path(cfg.resume);
     meta = read_checkpoint_meta(resume_path);
+    const std::string impl = cfg.model.attention_impl;  // the only model field a resume may change
     cfg.model = meta.model;
-    if (cfg.run.empty()) cfg.run = fs::path(resume_path).parent_path().filename().string();
-    validate_config(cfg);
+    cfg.model.attention_impl = impl;
+    if (cfg.run.empty()) {  // continue in the checkpoint's own run folder
+      const fs::path folder = fs::path(resume_path).parent_path();
+      cfg.run = folder.filename().string();
+      cfg.checkpoint_dir = folder.parent_path().empty() ? "." : folder.parent_path().string();
+    }
+    validate_train_config(cfg);
   }
-  if (cfg.run.empty()) cfg.run = default_run_name();
-  const fs::path run_dir = fs::path(cfg.checkpoint_dir) / cfg.run;
-  if (main_rank) fs::create_directories(run_dir);
-  const std::string ckpt_path = (run_dir / "latest.pt").string();
+  // The run folder is checked now and created only once data and model are ready, so a failed
+  // start leaves no empty folder behind.
+  const bool default_name = cfg.run.empty();
+  if (default_name) cfg.run = default_run_name();
+  fs::path run_dir = fs::path(cfg.checkpoint_dir) / cfg.run;
+  std::error_code same_ec;
+  const bool resuming_here = !resume_path.empty() && fs::exists(run_dir) &&
+                             fs::equivalent(fs::path(resume_path).parent_path(), run_dir, same_ec);
+  if (!default_name && fs::exists(run_dir) && !resuming_here && !cfg.overwrite) {
+    throw std::invalid_argument("run folder '" + run_dir.string() + "' already exists: continue it with --resume " +
+                                run_dir.string() + ", replace its files with --overwrite, or pick another --run");
+  }
 
   // ---- data ----
   cfg.data = data::resolve_corpus_path(cfg.data);
@@ -210,6 +306,15 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     dp->broadcast_from_main(sync);
     dp->attach_reducer(model->parameters());
   }
+
+  // ---- the run folder (claimed now: every check above has passed) ----
+  if (main_rank) {  // [dp] only rank 0 writes
+    run_dir = claim_run_dir(cfg.checkpoint_dir, cfg.run, default_name);
+    if (cfg.overwrite && !resuming_here) {
+      for (const char* f : kRunFiles) fs::remove(run_dir / f);
+    }
+  }
+  const std::string ckpt_path = (run_dir / "latest.pt").string();
   state.train_config_json = cfg.to_json();
 
   // ---- start-up table ----
@@ -256,10 +361,21 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
             << '\n';
   }
 
+  // A failed save (full disk, quota, file-size limit) is logged and retried at the next save;
+  // the previous checkpoint stays in place (the write goes to a .tmp that is removed).
   auto save = [&](const char* why) {
-    if (!main_rank) return;
-    save_checkpoint(ckpt_path, model, optimizer.get(), cfg.model, state);
+    if (!main_rank) return true;
+    try {
+      save_checkpoint(ckpt_path, model, optimizer.get(), cfg.model, state);
+    } catch (const std::exception& e) {
+      log::error(strf("could not save the checkpoint at step %lld: %s; %s in '%s'. The previous checkpoint (if any) "
+                      "is kept; training goes on and the next save tries again.",
+                      static_cast<long long>(state.step), e.what(), free_space(run_dir).c_str(),
+                      run_dir.string().c_str()));
+      return false;
+    }
     log::info(strf("saved %s at step %lld (%s)", ckpt_path.c_str(), static_cast<long long>(state.step), why));
+    return true;
   };
 
   auto evaluate_val = [&]() {
@@ -304,7 +420,10 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     std::fflush(stdout);
   };
 
-  std::signal(SIGINT, on_sigint);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGHUP, on_stop_signal);
+  std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write (EFBIG) instead of killing us
   const bool tty = isatty(fileno(stderr));
   model->train();
   reset_peak_memory(device);
@@ -313,6 +432,8 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   int64_t steps_since_log = 0;
   at::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
   int64_t skipped = 0;
+  at::Tensor exploding_streak = torch::zeros({}, torch::TensorOptions().device(device));
+  bool warned_exploding = false;
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t first_step = state.step;
 
@@ -357,17 +478,9 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
       std::vector<at::Tensor> grads;
       for (auto& p : params)
         if (p.grad().defined()) grads.push_back(p.grad());
-      auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device));
-      auto inv_scale = torch::full({1}, 1.0 / state.loss_scale, torch::TensorOptions().device(device));
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-      if (found_inf.item<float>() > 0) {
+      if (!unscale_grads_and_update_scale(grads, state.loss_scale, state.scale_good_steps)) {
         do_step = false;
-        state.loss_scale = std::max(1.0, state.loss_scale / 2);
-        state.scale_good_steps = 0;
         ++skipped;
-      } else if (++state.scale_good_steps >= 2000) {
-        state.loss_scale *= 2;
-        state.scale_good_steps = 0;
       }
     }
     if (do_step) {
@@ -387,6 +500,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     }
     ++steps_since_log;
     loss_sum += step_loss;
+    exploding_streak = (exploding_streak + 1) * (step_loss > kExplodingLoss);
 
     const bool log_now = state.step % cfg.log_every == 0 || state.step == cfg.steps;
     // [dp] the loss is averaged over ranks and Ctrl-C / SIGTERM agreed on at logging steps (which
@@ -404,7 +518,17 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
       if (!std::isfinite(loss) && !precision.loss_scaling) {
         log::error(strf("loss is %f at step %lld: the run diverged; not saving (last good checkpoint kept). "
                         "Try a lower --lr or --precision fp32.", loss, static_cast<long long>(state.step)));
-        return 1;
+        return kExitDiverged;
+      }
+      if (exploding_streak.item<double>() >= kExplodingSteps) {
+        if (!warned_exploding) {
+          log::warn(strf("loss above %g for %lld steps in a row (now %.4g at step %lld): the run is blowing up; "
+                         "try a lower --lr, a warmup or a smaller --clip-grad",
+                         kExplodingLoss, static_cast<long long>(kExplodingSteps), loss, static_cast<long long>(state.step)));
+        }
+        warned_exploding = true;
+      } else {
+        warned_exploding = false;
       }
       const auto now = std::chrono::steady_clock::now();
       const double dt = std::chrono::duration<double>(now - last_log).count();
@@ -442,12 +566,26 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
       write_metrics({{"event", "val"}, {"step", state.step}, {"loss", val}, {"bpc", val / kLn2}});
     }
     if (cfg.generate_every > 0 && state.step % cfg.generate_every == 0 && !interrupted && main_rank) sample_text();
+    bool saved = true;
     if (state.step % cfg.save_every == 0 || state.step == cfg.steps || interrupted) {
-      save(interrupted ? "interrupted" : state.step == cfg.steps ? "done" : "periodic");
+      saved = save(interrupted ? "interrupted" : state.step == cfg.steps ? "done" : "periodic");
     }
     if (interrupted) {
-      if (main_rank) log::info("interrupted: checkpoint saved, resume with --resume " + ckpt_path);
-      return 0;
+      const int sig = g_stop_signal.load();
+      if (!saved) {
+        log::error("stopped by signal " + std::to_string(sig) + " but the checkpoint could not be saved (see above)");
+        return kExitSaveFailed;
+      }
+      // [dp] a rank stopped by the others' signal (sig 0) ends like a Ctrl-C.
+      if (main_rank) {
+        log::info(strf("stopped by %s: checkpoint saved, resume with --resume %s",
+                       sig > 0 ? strsignal(sig) : "another rank's signal", ckpt_path.c_str()));
+      }
+      return sig == 0 || sig == SIGINT ? 0 : 128 + sig;
+    }
+    if (state.step == cfg.steps && !saved) {
+      log::error("training finished but the final checkpoint could not be saved (see above)");
+      return kExitSaveFailed;
     }
   }
   if (tty && main_rank) std::fprintf(stderr, "\n");

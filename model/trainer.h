@@ -33,6 +33,7 @@ struct TrainConfig {
   std::string checkpoint_dir = "checkpoints";
   std::string run;                  // run name (default: run-<date>-<time>)
   std::string resume;               // checkpoint file or run folder to continue
+  bool overwrite = false;           // replace an existing run folder's files (else it is refused)
   uint64_t seed = 42;
   std::string device = "auto";      // auto | cuda | cpu
   // Data parallel (model/distributed.h), used only when the environment describes a job
@@ -41,8 +42,20 @@ struct TrainConfig {
   int64_t dist_timeout_s = 300;       // a collective not done within this fails, naming the rank
   ModelConfig model;
 
+  // Every field the command line sets except the model, profile_steps and overwrite (the JSON
+  // keys are the option names with '_' for '-'). from_json takes missing keys from `defaults`.
   std::string to_json() const;
+  static TrainConfig from_json(const std::string& json, const TrainConfig& defaults);
 };
+
+// Process exit codes of train(). A signal that asked for a stop exits with 128 + the signal
+// (143 for SIGTERM, 129 for SIGHUP) after the checkpoint is saved, as schedulers expect of a
+// job that was told to stop; the first Ctrl-C (SIGINT) saves and exits 0.
+constexpr int kExitDiverged = 1;      // non-finite loss: nothing saved, last good checkpoint kept
+constexpr int kExitSaveFailed = 1;    // the final (or interrupt) checkpoint could not be written
+
+// Throws std::invalid_argument naming the first bad option (no files are touched).
+void validate_train_config(const TrainConfig& cfg);
 
 // Runs training; returns the process exit code (0 also after a Ctrl-C that saved).
 int train(TrainConfig cfg);

@@ -208,13 +208,21 @@ TEST_F(DataTest, GzipFileGivesTheSameBytes) {
 TEST_F(DataTest, GzipDetectedByMagicNotName) {
   auto bytes = pattern(5000);
   auto g = write_gz("looks_raw.txt", bytes);
-  auto r = write_raw("looks_gz.gz", bytes);
+  auto r = write_raw("looks_raw.bin", bytes);
   auto cg = fd::load_corpus(g, sizes(4000, 500, 500), 1);
   auto cr = fd::load_corpus(r, sizes(4000, 500, 500), 1);
   EXPECT_TRUE(cg.gzip);
   EXPECT_FALSE(cr.gzip);
   EXPECT_TRUE(cg.train.equal(cr.train));
   EXPECT_TRUE(cg.test.equal(cr.test));
+  // A name ending in .gz promises gzip: raw bytes under it are refused, not trained on (issue 18).
+  auto fake = write_raw("looks_gz.gz", bytes);
+  try {
+    fd::load_corpus(fake, sizes(4000, 500, 500), 1);
+    ADD_FAILURE() << "raw bytes named .gz were loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("looks_gz.gz' ends in .gz but is not gzip"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(DataTest, ConcatenatedGzipMembersAreOneCorpus) {
