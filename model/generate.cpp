@@ -3,7 +3,10 @@
 // whole window (the last max_seq_len tokens) per byte; it serves models that cannot cache
 // (fastmax) and learned-position models once the context passes max_seq_len (their positions
 // shift with the window, so cached keys would be stale). With rope or no positions the cache
-// slides instead, which is the same attention as the window (rotary logits depend on i - j only).
+// slides instead (rotary logits depend on i - j only): up to max_seq_len bytes of context it is
+// the uncached computation; past it each cached key keeps the hidden state it was computed with
+// (its own max_seq_len context) where the re-run window would recompute it from a truncated one,
+// so from the second block on the two differ (by design: O(max_seq_len) per byte, no re-run).
 #include "model/generate.h"
 
 #include <ATen/ATen.h>
