@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -68,8 +69,11 @@ TEST_P(AddLayerNormCpu, ForwardAndGradsMatchCompositeOps) {
     ASSERT_TRUE(got.defined()) << what;
     ASSERT_TRUE(ft::all_finite(got)) << what;
     const double err = ft::max_abs_diff(got, ref);
+    // gamma / beta are float32 master weights in every case, so in the float64 case dgamma / dbeta
+    // are float32 tensors: float64 math, then one rounding to float32 (at most 2^-24 |value|).
+    const double rounding = c.dtype == at::kDouble && got.scalar_type() == at::kFloat ? std::ldexp(1.0, -24) : 0.0;
     const double bound = c.dtype == at::kBFloat16 ? 2 * ft::max_abs_diff(comp, ref) + 1e-2 * (1 + ft::max_abs(ref))
-                                                  : tol * (1 + ft::max_abs(ref));
+                                                  : tol * (1 + ft::max_abs(ref)) + rounding * ft::max_abs(ref);
     EXPECT_LE(err, bound) << what << ": max |ours - fp64| " << err << " > " << bound;
   };
   auto comp_in = ft::leaves({x, r, gamma, beta});

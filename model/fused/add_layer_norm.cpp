@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
 #include "attention/common/poison.h"
 #include "model/fused/switch.h"
 
@@ -51,9 +53,12 @@ int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCou
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
  public:
   // Returns {normed, sum} with a residual r, {normed} without.
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& r, const at::Tensor& gamma,
-                               const at::Tensor& beta, double eps, at::ScalarType out_dtype) {
+  // r is optional: Function::apply records every at::Tensor argument as a variable (its device,
+  // dtype, sizes), which throws for an undefined tensor; an empty std::optional is a non-variable.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& r_opt,
+                               const at::Tensor& gamma, const at::Tensor& beta, double eps, at::ScalarType out_dtype) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const at::Tensor r = r_opt.has_value() ? *r_opt : at::Tensor();
     const bool has_r = r.defined();
     const int64_t C = x.size(-1), N = C == 0 ? 0 : x.numel() / C;
     const at::Tensor x2 = x.reshape({N, C}).contiguous();
@@ -207,7 +212,8 @@ bool add_layer_norm_uses_kernel(const at::Tensor& x, const at::Tensor& r, const 
 AddLayerNormOut add_layer_norm(const at::Tensor& x, const at::Tensor& r, const at::Tensor& gamma,
                                const at::Tensor& beta, double eps, at::ScalarType out_dtype) {
   check_args(x, r, gamma, beta);
-  auto out = AddLayerNormFunction::apply(x, r, gamma, beta, eps, out_dtype);
+  const std::optional<at::Tensor> r_opt = r.defined() ? std::optional<at::Tensor>(r) : std::nullopt;
+  auto out = AddLayerNormFunction::apply(x, r_opt, gamma, beta, eps, out_dtype);
   if (!r.defined()) return {x, out[0]};
   return {out[1], out[0]};
 }

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "attention/common/poison.h"
 
@@ -60,10 +61,13 @@ void softmax_cross_entropy_rows(at::Tensor& z, const at::Tensor& target, at::Ten
 
 class ClassifierCrossEntropyFunction : public torch::autograd::Function<ClassifierCrossEntropyFunction> {
  public:
+  // bias is optional: Function::apply records every at::Tensor argument as a variable (its
+  // device, dtype, sizes), which throws for an undefined tensor; an empty std::optional is not one.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
-                               const at::Tensor& bias, const at::Tensor& target, at::ScalarType dt,
-                               int64_t chunk_rows) {
+                               const std::optional<at::Tensor>& bias_opt, const at::Tensor& target,
+                               at::ScalarType dt, int64_t chunk_rows) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const at::Tensor bias = bias_opt.has_value() ? *bias_opt : at::Tensor();
     const int64_t C = h.size(-1), V = weight.size(0), N = target.numel();
 #ifdef FLASHCOS_WITH_CUDA
     std::optional<c10::cuda::CUDAGuard> guard;
@@ -142,7 +146,8 @@ at::Tensor classifier_cross_entropy(const at::Tensor& h, const at::Tensor& weigh
   TORCH_CHECK(weight.device() == h.device() && target.device() == h.device() &&
                   (!bias.defined() || bias.device() == h.device()),
               "flashcos classifier_cross_entropy: h, weight, bias and target must be on one device");
-  return ClassifierCrossEntropyFunction::apply(h, weight, bias, target, compute_dtype, chunk_rows)[0];
+  const std::optional<at::Tensor> bias_opt = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  return ClassifierCrossEntropyFunction::apply(h, weight, bias_opt, target, compute_dtype, chunk_rows)[0];
 }
 
 }  // namespace flashcos::model::fused
