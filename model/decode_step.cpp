@@ -88,17 +88,14 @@ StaticDecoder::StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarTyp
   next_pos_ = n;
 }
 
-at::Tensor StaticDecoder::prepare(const at::Tensor& t) const {
-  // t (1, NH, 1, HS) -> float32, l2-normalised per group (cosine, exp), rotated at pos_ (rope):
-  // the ops of flashcos::rotary with the position read from the device.
+at::Tensor StaticDecoder::prepare(const at::Tensor& t, const at::Tensor& cs, const at::Tensor& sn) const {
+  // t (1, 2, NH, 1, HS): q and k -> float32, l2-normalised per group (cosine, exp), rotated at
+  // pos_ (rope): the ops of flashcos::rotary with cos / sin of float(pos) * inv_freq from the device.
   const int64_t G = cfg_.l2norm_groups;
   auto x = t.to(at::kFloat);
   if (cfg_.attention != "softmax") x = l2norm(x, G);
   if (cfg_.pos != "rope") return x;
-  const int64_t P = inv_freq_.size(0);
-  const auto angle = pos_.to(at::kFloat) * inv_freq_;  // (P): float(pos) * inv_freq[m]
-  const auto cs = angle.cos(), sn = angle.sin();
-  const auto xg = x.reshape({1, cfg_.heads, 1, G, P, 2});
+  const auto xg = x.reshape({1, 2, cfg_.heads, 1, G, cs.size(0), 2});
   const auto a = xg.select(-1, 0), b = xg.select(-1, 1);
   return at::stack({a * cs - b * sn, a * sn + b * cs}, -1).reshape(x.sizes());
 }
@@ -111,12 +108,18 @@ void StaticDecoder::run_step() {
   const double inf = std::numeric_limits<double>::infinity();
   const auto slot = at::remainder(pos_, L);               // (1,) int64
   const auto masked = (slots_ > pos_).view({1, 1, 1, L});  // slots not yet written
+  at::Tensor cs, sn;  // (P) cos / sin of float(pos) * inv_freq[m], shared by q, k of every block
+  if (cfg_.pos == "rope") {
+    const auto angle = pos_.to(at::kFloat) * inv_freq_;
+    cs = angle.cos(), sn = angle.sin();
+  }
   auto x = at::embedding(token_emb_, token_).to(at::kFloat);  // (1, 1, C) residual stream, float32
   for (auto& blk : blocks_) {
     auto h = at::layer_norm(x, {C}, blk.norm_attn_w, blk.norm_attn_b, eps_attn_).to(cd_);
     auto qkv = at::linear(h, blk.wqkv).view({1, 3, NH, 1, HS});  // T = 1: (1, 1, 3 inner) as heads
-    auto q = prepare(qkv.select(1, 0)).to(cd_);  // (1, NH, 1, HS)
-    blk.k.index_copy_(2, slot, prepare(qkv.select(1, 1)).to(cd_));
+    const auto qk = prepare(qkv.narrow(1, 0, 2), cs, sn).to(cd_);  // (1, 2, NH, 1, HS)
+    const auto q = qk.select(1, 0);                                   // (1, NH, 1, HS)
+    blk.k.index_copy_(2, slot, qk.select(1, 1));
     blk.v.index_copy_(2, slot, qkv.select(1, 2));
     auto sim = at::matmul(q, blk.k.transpose(-1, -2)).to(at::kFloat);  // (1, NH, 1, L)
     at::Tensor o;

@@ -71,7 +71,8 @@ class StaticDecoder {
   int64_t next_pos_ = 0;
 
  private:
-  at::Tensor prepare(const at::Tensor& t) const;  // (1, NH, 1, HS) -> normalised / rotated, float32
+  // (1, 2, NH, 1, HS) q and k -> normalised / rotated (cs, sn: cos / sin of the angles), float32
+  at::Tensor prepare(const at::Tensor& t, const at::Tensor& cs, const at::Tensor& sn) const;
 };
 
 }  // namespace flashcos::model
