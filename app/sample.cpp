@@ -89,17 +89,19 @@ int run_sample(int argc, char** argv) {
     std::fflush(stdout);
     const bool stream = r.count("stream") > 0;
     const auto t0 = std::chrono::steady_clock::now();
+    model::GenerateInfo info;
     auto out = model::generate(gpt, prime.to(device), so, [&](int64_t token) {
       if (stream) {
         std::printf("%s", data::decode_bytes(at::full({1}, token, at::kLong)).c_str());
         std::fflush(stdout);
       }
-    });
+    }, &info);
     if (!stream) std::printf("%s", data::decode_bytes(out).c_str());
     std::printf("\n");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "generated %lld bytes in %.3f s (%.1f bytes/s, %s)\n", static_cast<long long>(out.numel()), secs,
-                 static_cast<double>(out.numel()) / std::max(secs, 1e-9), so.use_cache ? "KV cache" : "no cache");
+                 static_cast<double>(out.numel()) / std::max(secs, 1e-9),
+                 so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache");
     return 0;
   });
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "model/gpt.h"
 
@@ -19,13 +20,25 @@ struct SampleOptions {
   // Prefill the prime into a KV cache and decode one byte at a time against it (generate.cpp);
   // false: re-run the whole window per byte (the reference the cached path is tested against).
   bool use_cache = true;
+  // With the cache, decode through the static-shape step (decode_step.h: ring-buffer caches, no
+  // shape changes) where the model supports it, replayed from a CUDA graph on CUDA
+  // (decode_graph.h). The environment can switch them off for comparisons:
+  // FLASHCOS_DECODE_GRAPH=0 (static step, no graph), FLASHCOS_DECODE_STATIC=0 (neither).
+  bool static_decode = true;
+  bool cuda_graph = true;
+};
+
+// What generate() did, for the caller's report.
+struct GenerateInfo {
+  std::string decode;  // "cuda graph", "static", "static (no graph)", "cached", "window"
 };
 
 // prime (1, n) int64 on the model's device -> (1, length) generated tokens (CPU, int64).
 // The context is cropped to the model's max_seq_len (the last max_seq_len bytes are attended; with
 // rope or no positions the KV cache slides, so length may exceed max_seq_len at O(max_seq_len)
-// per byte). on_token (optional) sees each new byte.
+// per byte). on_token (optional) sees each new byte. The decode step runs in the autocast dtype of
+// the model's device type when autocast is on there (as the trainer's samples run), else in float32.
 at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& opts,
-                    const std::function<void(int64_t)>& on_token = nullptr);
+                    const std::function<void(int64_t)>& on_token = nullptr, GenerateInfo* info = nullptr);
 
 }  // namespace flashcos::model

@@ -1,0 +1,154 @@
+// The static-shape decode step (decode_step.h): torch ops only, on device tensors only, so the
+// same code runs eagerly on any device and inside a CUDA graph capture (decode_graph.cpp).
+#include "model/decode_step.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <flashcos/l2norm.h>
+#include <flashcos/rotary.h>
+
+namespace flashcos::model {
+
+bool StaticDecoder::supports(const ModelConfig& cfg) {
+  return (cfg.pos == "rope" || cfg.pos == "none") &&
+         (cfg.attention == "cosine" || cfg.attention == "exp" || cfg.attention == "softmax");
+}
+
+StaticDecoder::StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarType compute_dtype)
+    : cfg_(model->config()), cd_(compute_dtype) {
+  if (!supports(cfg_)) {
+    throw std::invalid_argument("StaticDecoder: no static decode step for attention " + cfg_.attention +
+                                " with positions " + cfg_.pos + " (expected rope or none, cosine / exp / softmax)");
+  }
+  const int64_t L = cfg_.max_seq_len, NH = cfg_.heads, HS = cfg_.dim_head, depth = cfg_.depth;
+  const int64_t n = prefilled.next_pos;
+  if (n < 1 || n > L || static_cast<int64_t>(prefilled.layers.size()) != depth) {
+    throw std::invalid_argument("StaticDecoder: expected a KV cache after a prefill of 1 .. max_seq_len (" +
+                                std::to_string(L) + ") tokens, got " + std::to_string(n) + " tokens in " +
+                                std::to_string(prefilled.layers.size()) + " layers");
+  }
+  at::NoGradGuard no_grad;
+  const auto params = model->named_parameters();
+  auto p = [&](const std::string& name) -> at::Tensor {
+    const auto* t = params.find(name);
+    TORCH_CHECK(t != nullptr, "StaticDecoder: the model has no parameter ", name);
+    return t->detach();
+  };
+  auto w = [&](const std::string& name) { return p(name).to(cd_).contiguous(); };  // GEMM operands
+  const auto modules = model->named_modules("", /*include_self=*/false);
+  auto eps = [&](const std::string& name) {
+    const auto* m = modules.find(name);
+    TORCH_CHECK(m != nullptr, "StaticDecoder: the model has no module ", name);
+    return (*m)->as<torch::nn::LayerNorm>()->options.eps();
+  };
+  token_emb_ = p("token_emb.weight");
+  const auto device = token_emb_.device();
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (int64_t i = 0; i < depth; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    Block blk;
+    blk.norm_attn_w = p(b + "norm_attn.weight"), blk.norm_attn_b = p(b + "norm_attn.bias");
+    blk.wqkv = at::cat({p(b + "attn.to_q.weight"), p(b + "attn.to_k.weight"), p(b + "attn.to_v.weight")}, 0)
+                   .to(cd_)
+                   .contiguous();
+    blk.wout = w(b + "attn.to_out.weight");
+    blk.norm_ff_w = p(b + "norm_ff.weight"), blk.norm_ff_b = p(b + "norm_ff.bias");
+    blk.ff_in_w = w(b + "ff_in.weight"), blk.ff_in_b = w(b + "ff_in.bias");
+    blk.ff_out_w = w(b + "ff_out.weight"), blk.ff_out_b = w(b + "ff_out.bias");
+    // The prefill's keys and values (positions 0 .. n - 1) fill slots 0 .. n - 1 of the rings.
+    const auto& layer = prefilled.layers[static_cast<size_t>(i)];
+    TORCH_CHECK(layer.k.defined() && layer.k.size(2) == n && layer.v.size(2) == n,
+                "StaticDecoder: layer ", i, " of the prefilled cache does not hold ", n, " positions");
+    blk.k = at::zeros({1, NH, L, HS}, f32.dtype(cd_));
+    blk.v = at::zeros({1, NH, L, HS}, f32.dtype(cd_));
+    blk.k.narrow(2, 0, n).copy_(layer.k);
+    blk.v.narrow(2, 0, n).copy_(layer.v);
+    blocks_.push_back(std::move(blk));
+    if (i == 0) eps_attn_ = eps(b + "norm_attn"), eps_ff_ = eps(b + "norm_ff");
+  }
+  eps_out_ = eps("norm_out");
+  norm_out_w_ = p("norm_out.weight"), norm_out_b_ = p("norm_out.bias");
+  logits_w_ = w("to_logits.weight"), logits_b_ = w("to_logits.bias");
+  if (cfg_.pos == "rope") {
+    const auto inv = rotary_inv_freq(HS / cfg_.l2norm_groups, cfg_.rope_base);
+    inv_freq_ = at::tensor(inv, at::TensorOptions().dtype(at::kFloat)).to(device);
+  }
+  slots_ = at::arange(L, f32.dtype(at::kLong));
+  token_ = at::zeros({1, 1}, f32.dtype(at::kLong));
+  pos_ = at::full({1}, n, f32.dtype(at::kLong));
+  logits_ = at::zeros({1, cfg_.vocab}, f32);
+  next_pos_ = n;
+}
+
+at::Tensor StaticDecoder::prepare(const at::Tensor& t, const at::Tensor& cs, const at::Tensor& sn) const {
+  // t (1, 2, NH, 1, HS): q and k -> float32, l2-normalised per group (cosine, exp), rotated at
+  // pos_ (rope): the ops of flashcos::rotary with cos / sin of float(pos) * inv_freq from the device.
+  const int64_t G = cfg_.l2norm_groups;
+  auto x = t.to(at::kFloat);
+  if (cfg_.attention != "softmax") x = l2norm(x, G);
+  if (cfg_.pos != "rope") return x;
+  const auto xg = x.reshape({1, 2, cfg_.heads, 1, G, cs.size(0), 2});
+  const auto a = xg.select(-1, 0), b = xg.select(-1, 1);
+  return at::stack({a * cs - b * sn, a * sn + b * cs}, -1).reshape(x.sizes());
+}
+
+void StaticDecoder::run_step() {
+  at::NoGradGuard no_grad;
+  // The precision is explicit (decode_step.h); autocast must not recast inside the step.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const int64_t NH = cfg_.heads, HS = cfg_.dim_head, inner = NH * HS, C = cfg_.dim, L = cfg_.max_seq_len;
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto slot = at::remainder(pos_, L);               // (1,) int64
+  const auto masked = (slots_ > pos_).view({1, 1, 1, L});  // slots not yet written
+  at::Tensor cs, sn;  // (P) cos / sin of float(pos) * inv_freq[m], shared by q, k of every block
+  if (cfg_.pos == "rope") {
+    const auto angle = pos_.to(at::kFloat) * inv_freq_;
+    cs = angle.cos(), sn = angle.sin();
+  }
+  auto x = at::embedding(token_emb_, token_).to(at::kFloat);  // (1, 1, C) residual stream, float32
+  for (auto& blk : blocks_) {
+    auto h = at::layer_norm(x, {C}, blk.norm_attn_w, blk.norm_attn_b, eps_attn_).to(cd_);
+    auto qkv = at::linear(h, blk.wqkv).view({1, 3, NH, 1, HS});  // T = 1: (1, 1, 3 inner) as heads
+    const auto qk = prepare(qkv.narrow(1, 0, 2), cs, sn).to(cd_);  // (1, 2, NH, 1, HS)
+    const auto q = qk.select(1, 0);                                   // (1, NH, 1, HS)
+    blk.k.index_copy_(2, slot, qk.select(1, 1));
+    blk.v.index_copy_(2, slot, qkv.select(1, 2));
+    auto sim = at::matmul(q, blk.k.transpose(-1, -2)).to(at::kFloat);  // (1, NH, 1, L)
+    at::Tensor o;
+    if (cfg_.attention == "exp") {
+      auto e = (sim * cfg_.attn_scale).masked_fill(masked, -inf).exp();
+      o = at::matmul(e.to(cd_), blk.v);
+    } else {
+      sim = cfg_.attention == "cosine" ? sim * cfg_.attn_scale - cfg_.attn_scale
+                                       : sim / std::sqrt(static_cast<double>(HS));
+      o = at::matmul(sim.masked_fill(masked, -inf).softmax(-1).to(cd_), blk.v);
+    }
+    x = x + at::linear(o.view({1, 1, inner}), blk.wout).to(at::kFloat);
+    h = at::layer_norm(x, {C}, blk.norm_ff_w, blk.norm_ff_b, eps_ff_).to(cd_);
+    x = x + at::linear(at::gelu(at::linear(h, blk.ff_in_w, blk.ff_in_b)), blk.ff_out_w, blk.ff_out_b).to(at::kFloat);
+  }
+  auto h = at::layer_norm(x, {C}, norm_out_w_, norm_out_b_, eps_out_).to(cd_);
+  logits_.copy_(at::linear(h, logits_w_, logits_b_).view({1, cfg_.vocab}));
+  pos_.add_(1);
+}
+
+at::Tensor StaticDecoder::step(int64_t token) {
+  if (next_pos_ >= (int64_t(1) << 24)) {
+    throw std::invalid_argument("StaticDecoder: position " + std::to_string(next_pos_) +
+                                " is past 2^24 (rotary angles take exact float32 positions)");
+  }
+  token_.fill_(token);
+  run_step();
+  ++next_pos_;
+  return logits_;
+}
+
+}  // namespace flashcos::model
