@@ -4,6 +4,7 @@
 // float64 and in the operators' dtypes. Runs in CI (no GPU).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
@@ -186,6 +187,26 @@ TEST(ClassifierCrossEntropyCpu, BadArgumentsNameWhatIsWrong) {
                c10::Error);
   EXPECT_THROW(fused::classifier_cross_entropy(h, at::randn({16, 8}), at::Tensor(), at::zeros({5}, at::kLong), at::kFloat, 0),
                c10::Error);
+}
+
+// The model's calls without a residual (every pre-attention norm, the final norm) and a
+// classifier without a bias, as evaluation runs them: under NoGradGuard, on inputs that need no
+// gradient. Function::apply must take the missing tensor in either grad mode.
+TEST(FusedOpsCpu, NoResidualAndNoBiasRunWithoutGrad) {
+  at::manual_seed(3);
+  c10::AutoGradMode no_grad(false);
+  const at::Tensor x = at::randn({2, 5, 16}), gamma = 1 + 0.3 * at::randn({16}), beta = 0.1 * at::randn({16});
+  const at::Tensor y = fused::layer_norm(x, gamma, beta, 1e-5, at::kFloat);
+  const auto ref = ft::composite_add_layer_norm(x, at::Tensor(), gamma, beta, 1e-5, at::kFloat);
+  EXPECT_LE(ft::max_abs_diff(y, ref.second), 1e-5 * (1 + ft::max_abs(ref.second)));
+  const auto both = fused::add_layer_norm(x, at::Tensor(), gamma, beta, 1e-5, at::kFloat);
+  EXPECT_TRUE(both.sum.is_same(x)) << "without a residual the sum is x itself";
+
+  const at::Tensor w = 0.3 * at::randn({13, 16});
+  const at::Tensor target = at::randint(0, 13, {2, 5}, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor loss = fused::classifier_cross_entropy(y, w, at::Tensor(), target, at::kFloat, 3);
+  const at::Tensor loss_ref = ft::composite_classifier_ce(y, w, at::Tensor(), target, at::kFloat);
+  EXPECT_LE(ft::max_abs_diff(loss, loss_ref), 1e-5 * (1 + ft::max_abs(loss_ref)));
 }
 
 TEST(FusedOpsSwitch, CpuTensorsTakeTheCompositePath) {
