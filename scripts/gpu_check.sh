@@ -63,7 +63,7 @@ fi
 TRAIN="$BUILD/train"
 
 if has tests; then
-  "$BUILD/flashcos_tests" --gtest_brief=1 > "$LOG/tests.log" 2>&1
+  stdbuf -oL -eL "$BUILD/flashcos_tests" ${TESTS_FILTER:+--gtest_filter="$TESTS_FILTER"} > "$LOG/tests.log" 2>&1
   rc=$?
   row "tests (all suites)" "rc $rc: $(gtest_counts "$LOG/tests.log")"
 fi
