@@ -63,9 +63,14 @@ fi
 TRAIN="$BUILD/train"
 
 if has tests; then
-  stdbuf -oL -eL "$BUILD/flashcos_tests" ${TESTS_FILTER:+--gtest_filter="$TESTS_FILTER"} > "$LOG/tests.log" 2>&1
+  # The suites that start ./train processes run under ctest (one process per test, as in CI); the
+  # rest in one process.
+  proc_suites="TrainCli.*:ResumeCli.*:Dist*:LossScaler.*"
+  stdbuf -oL -eL "$BUILD/flashcos_tests" --gtest_filter="${TESTS_FILTER:-*}:-$proc_suites" > "$LOG/tests.log" 2>&1
   rc=$?
-  row "tests (all suites)" "rc $rc: $(gtest_counts "$LOG/tests.log")"
+  row "tests (in one process)" "rc $rc: $(gtest_counts "$LOG/tests.log")"
+  ctest --test-dir "$BUILD" -j 8 -R '^(TrainCli|ResumeCli|Dist|LossScaler)' --output-on-failure > "$LOG/tests_ctest.log" 2>&1
+  row "tests (./train processes, ctest)" "rc $?: $(grep -E 'tests passed' "$LOG/tests_ctest.log")"
 fi
 
 # Throughput of one training configuration: the tokens/s and peak memory of the last progress line.
@@ -134,6 +139,7 @@ if has quality; then
     case $q in
       seed) quality_run seed --lr 2e-4 --warmup 0 --schedule constant ;;
       cosine) quality_run cosine --lr 1e-3 --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
+      cosine2e-3|cosine3e-3) quality_run $q --lr ${q#cosine} --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
       learned) quality_run learned --pos learned --lr 2e-4 --warmup 0 --schedule constant ;;
       fp16) quality_run fp16 --precision fp16 ;;
       bf16) quality_run bf16 --precision bf16 ;;
