@@ -104,10 +104,11 @@ int run_train(int argc, char** argv) {
       ("fastmax-p", "fastmax polynomial order (1 or 2)", cxxopts::value<int64_t>()->default_value("2"));
   options.add_options("optimisation")
       ("steps", "total optimiser steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))
-      ("lr", "learning rate", cxxopts::value<double>()->default_value("2e-4"))
-      ("warmup", "linear warmup steps", cxxopts::value<int64_t>()->default_value("0"))
+      ("lr", "peak learning rate", cxxopts::value<double>()->default_value("3e-3"))
+      ("warmup", "linear warmup steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.warmup)))
       ("schedule", "constant | cosine", cxxopts::value<std::string>()->default_value(d.schedule))
       ("min-lr-ratio", "cosine schedule floor, as a fraction of --lr", cxxopts::value<double>()->default_value("0.1"))
+      ("seed-recipe", "the seed's recipe instead of the default: lr 2e-4, constant, no warmup (an explicit --lr, --warmup or --schedule still wins)")
       ("weight-decay", "AdamW weight decay (0: Adam)", cxxopts::value<double>()->default_value("0"))
       ("clip-grad", "gradient norm clip (0: off)", cxxopts::value<double>()->default_value("0.5"))
       ("precision", "auto | bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)", cxxopts::value<std::string>()->default_value("auto"))
@@ -150,6 +151,11 @@ int run_train(int argc, char** argv) {
     c.warmup = r["warmup"].as<int64_t>();
     c.schedule = r["schedule"].as<std::string>();
     c.min_lr_ratio = r["min-lr-ratio"].as<double>();
+    if (r.count("seed-recipe")) {
+      if (!r.count("lr")) c.lr = 2e-4;
+      if (!r.count("warmup")) c.warmup = 0;
+      if (!r.count("schedule")) c.schedule = "constant";
+    }
     c.weight_decay = r["weight-decay"].as<double>();
     c.clip_grad = r["clip-grad"].as<double>();
     c.precision = r["precision"].as<std::string>();

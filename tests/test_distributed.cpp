@@ -87,7 +87,7 @@ class DistributedTrain : public ::testing::Test {
   std::string train_args(const std::string& run, int64_t batch, int64_t steps) const {
     return "--data " + (dir_ / "corpus.txt").string() +
            " --split 40K,8K,8K --device cpu --precision fp32 --dim 32 --depth 2 --heads 2 --dim-head 16"
-           " --seq-len 32 --grad-accum 2 --lr 3e-3 --log-every 1 --validate-every 5 --val-windows 10"
+           " --seq-len 32 --grad-accum 2 --lr 3e-3 --warmup 0 --schedule constant --log-every 1 --validate-every 5 --val-windows 10"
            " --generate-every 0 --save-every 1000 --checkpoint-dir " +
            (dir_ / "ckpt").string() + " --run " + run + " --batch " + std::to_string(batch) +
            " --steps " + std::to_string(steps);

@@ -228,7 +228,7 @@ TEST(TrainCli, ResumeReproducesTheUninterruptedLosses) {
   const std::string common = train_bin() + " --device cpu --data " + corpus +
                              " --split 150K,25K,25K --dim 32 --depth 1 --heads 2 --dim-head 16 --seq-len 32"
                              " --batch 2 --grad-accum 2 --log-every 1 --validate-every 4 --val-windows 2"
-                             " --generate-every 0 --save-every 4 --checkpoint-dir " + dir.str("ck");
+                             " --generate-every 0 --save-every 4 --seed-recipe --checkpoint-dir " + dir.str("ck");
   auto full = run_cmd(common + " --steps 8 --run full");
   ASSERT_EQ(full.code, 0) << full.out;
   auto half = run_cmd(common + " --steps 4 --run part");

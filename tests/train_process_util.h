@@ -82,7 +82,7 @@ class TempRun {
     const std::vector<std::pair<std::string, std::string>> defaults = {
         {"--data", quote(corpus())}, {"--split", "0.8,0.1,0.1"}, {"--seq-len", "16"}, {"--batch", "2"},
         {"--grad-accum", "1"}, {"--dim", "16"}, {"--depth", "1"}, {"--heads", "2"}, {"--dim-head", "8"},
-        {"--device", "cpu"}, {"--val-windows", "2"}, {"--validate-every", "1000"}, {"--generate-every", "0"},
+        {"--device", "cpu"}, {"--lr", "2e-4"}, {"--warmup", "0"}, {"--schedule", "constant"}, {"--val-windows", "2"}, {"--validate-every", "1000"}, {"--generate-every", "0"},
         {"--log-every", "1"}, {"--checkpoint-dir", quote(ckpts())}};
     std::string args;
     for (const auto& [flag, value] : defaults) {
