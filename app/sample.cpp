@@ -108,11 +108,13 @@ int run_sample(int argc, char** argv) {
     auto span = [](std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
       return std::chrono::duration<double>(b - a).count();
     };
-    std::fprintf(stderr, "time: checkpoint load %.3f s, prime %.3f s, prefill %.3f s, generation %.3f s\n",
-                 span(t_load, t_prime), span(t_prime, t0), info.prefill_s, std::max(secs - info.prefill_s, 0.0));
-    std::fprintf(stderr, "generated %lld bytes in %.3f s (%.1f bytes/s, %s)\n", static_cast<long long>(out.numel()), secs,
-                 static_cast<double>(out.numel()) / std::max(secs, 1e-9),
-                 so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache");
+    // One stderr line (tests and scripts drop it whole): the rate, then where the wall time went.
+    std::fprintf(stderr,
+                 "generated %lld bytes in %.3f s (%.1f bytes/s, %s; checkpoint load %.3f s, prime %.3f s, prefill %.3f s,"
+                 " generation %.3f s)\n",
+                 static_cast<long long>(out.numel()), secs, static_cast<double>(out.numel()) / std::max(secs, 1e-9),
+                 so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache", span(t_load, t_prime),
+                 span(t_prime, t0), info.prefill_s, std::max(secs - info.prefill_s, 0.0));
     return 0;
   });
 }
