@@ -39,7 +39,7 @@ __device__ __forceinline__ void store1(void* ptr, DType dtype, int64_t i, float 
 
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionParams p) {
   __shared__ float q_s[kMaxHead];
-  __shared__ float k_s[kMaxHead];
+  __shared__ float k_s[kMaxHead + 1];
   __shared__ float red[kWarps][kMaxHead + 1];
   __shared__ bool last_block;
 
@@ -163,15 +163,36 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   __syncthreads();
   if (!last_block) return;
   __threadfence();
+  // P threads per column sum every P-th row (four independent loads in flight each), in a fixed
+  // order; the threads of column 0 also sum l. Then the P part sums per column.
   const float* rows = p.partials + int64_t(h) * S * (HS + 1);
-  for (int t = threadIdx.x; t <= HS; t += kThreads) {
-    float v = 0.f;
-    for (int r = 0; r < S; ++r) v += __ldcg(rows + int64_t(r) * (HS + 1) + t);
-    red[0][t] = v;
+  const int parts = min(kWarps, max(1, kThreads / HS));
+  auto row_sum = [&](int part, int col) {
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    int r = part;
+    for (; r + 3 * parts < S; r += 4 * parts) {
+      a0 += __ldcg(rows + int64_t(r) * (HS + 1) + col);
+      a1 += __ldcg(rows + int64_t(r + parts) * (HS + 1) + col);
+      a2 += __ldcg(rows + int64_t(r + 2 * parts) * (HS + 1) + col);
+      a3 += __ldcg(rows + int64_t(r + 3 * parts) * (HS + 1) + col);
+    }
+    for (; r < S; r += parts) a0 += __ldcg(rows + int64_t(r) * (HS + 1) + col);
+    return (a0 + a1) + (a2 + a3);
+  };
+  for (int w = threadIdx.x; w < HS * parts; w += kThreads) {
+    const int col = w % HS, part = w / HS;
+    red[part][col] = row_sum(part, col);
+    if (col == 0) red[part][HS] = row_sum(part, HS);
   }
   __syncthreads();
-  const float inv_l = p.normalize ? 1.f / red[0][HS] : 1.f;
-  for (int t = threadIdx.x; t < HS; t += kThreads) store1(p.out, p.dtype, int64_t(h) * HS + t, red[0][t] * inv_l);
+  for (int t = threadIdx.x; t <= HS; t += kThreads) {  // k_s (free now) takes the totals, l at HS
+    float v = 0.f;
+    for (int part = 0; part < parts; ++part) v += red[part][t];
+    k_s[t] = v;
+  }
+  __syncthreads();
+  const float inv_l = p.normalize ? 1.f / k_s[HS] : 1.f;
+  for (int t = threadIdx.x; t < HS; t += kThreads) store1(p.out, p.dtype, int64_t(h) * HS + t, k_s[t] * inv_l);
   if (threadIdx.x == 0) p.counters[h] = 0u;
 }
 
