@@ -307,6 +307,45 @@ std::string to_string(const SplitSpec& s) {
   return human_bytes(s.sizes.train) + "," + human_bytes(s.sizes.val) + "," + human_bytes(s.sizes.test);
 }
 
+namespace {
+
+// The split's byte counts for a file of n (decompressed) bytes, checked: errors name the file and
+// what it lacks.
+SplitSizes resolve_split_sizes(const std::string& path, const SplitSpec& split, int64_t n, bool gzip,
+                               int64_t min_split_bytes) {
+  SplitSizes sz = split.sizes;
+  if (split.fractions) {
+    // Round each part; if rounding overshoots the file, take the overshoot from train.
+    sz.train = std::llround(split.f_train * double(n));
+    sz.val = std::llround(split.f_val * double(n));
+    sz.test = std::llround(split.f_test * double(n));
+    if (sz.total() > n) sz.train -= sz.total() - n;
+  }
+  if (sz.train < 0 || sz.val < 0 || sz.test < 0)
+    throw std::invalid_argument(strf("split %s has a negative size", split_desc(split).c_str()));
+  if (n < sz.total())
+    throw std::runtime_error(strf(
+        "data file '%s' holds %lld bytes%s, but the split %s needs %lld (train %lld + val %lld + "
+        "test %lld): pass --split to change it (e.g. --split 0.9,0.05,0.05 for fractions of the "
+        "file), or %s",
+        path.c_str(), (long long)n, gzip ? " after decompression" : "", split_desc(split).c_str(),
+        (long long)sz.total(), (long long)sz.train, (long long)sz.val, (long long)sz.test,
+        kDownloadHint));
+  const char* names[3] = {"train", "val", "test"};
+  const int64_t sizes[3] = {sz.train, sz.val, sz.test};
+  for (int i = 0; i < 3; ++i)
+    if (sizes[i] < min_split_bytes)
+      throw std::runtime_error(strf(
+          "data file '%s': the %s split (%s of %lld bytes) has %lld bytes, fewer than the %lld "
+          "bytes one sequence needs (seq_len + 1): use a larger --split or a smaller --seq-len",
+          path.c_str(), names[i], split_desc(split).c_str(), (long long)n, (long long)sizes[i],
+          (long long)min_split_bytes));
+
+  return sz;
+}
+
+}  // namespace
+
 Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes) {
   Buffer raw;
   read_file(path, &raw);
@@ -324,33 +363,7 @@ Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_
   const int64_t n = static_cast<int64_t>(bytes.size);
   c.file_bytes = n;
 
-  SplitSizes sz = split.sizes;
-  if (split.fractions) {
-    // Round each part; if rounding overshoots the file, take the overshoot from train.
-    sz.train = std::llround(split.f_train * double(n));
-    sz.val = std::llround(split.f_val * double(n));
-    sz.test = std::llround(split.f_test * double(n));
-    if (sz.total() > n) sz.train -= sz.total() - n;
-  }
-  if (sz.train < 0 || sz.val < 0 || sz.test < 0)
-    throw std::invalid_argument(strf("split %s has a negative size", split_desc(split).c_str()));
-  if (n < sz.total())
-    throw std::runtime_error(strf(
-        "data file '%s' holds %lld bytes%s, but the split %s needs %lld (train %lld + val %lld + "
-        "test %lld): pass --split to change it (e.g. --split 0.9,0.05,0.05 for fractions of the "
-        "file), or %s",
-        path.c_str(), (long long)n, c.gzip ? " after decompression" : "", split_desc(split).c_str(),
-        (long long)sz.total(), (long long)sz.train, (long long)sz.val, (long long)sz.test,
-        kDownloadHint));
-  const char* names[3] = {"train", "val", "test"};
-  const int64_t sizes[3] = {sz.train, sz.val, sz.test};
-  for (int i = 0; i < 3; ++i)
-    if (sizes[i] < min_split_bytes)
-      throw std::runtime_error(strf(
-          "data file '%s': the %s split (%s of %lld bytes) has %lld bytes, fewer than the %lld "
-          "bytes one sequence needs (seq_len + 1): use a larger --split or a smaller --seq-len",
-          path.c_str(), names[i], split_desc(split).c_str(), (long long)n, (long long)sizes[i],
-          (long long)min_split_bytes));
+  const SplitSizes sz = resolve_split_sizes(path, split, n, c.gzip, min_split_bytes);
 
   // Bytes past the splits are kept (one allocation, no copy); the views just do not reach them.
   uint8_t* p = bytes.release();
@@ -499,6 +512,36 @@ at::Tensor encode_text(const std::string& text) {
   at::Tensor out = at::empty({1, n}, at::TensorOptions().dtype(at::kLong));
   int64_t* d = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) d[i] = static_cast<unsigned char>(text[i]);
+  return out;
+}
+
+at::Tensor load_val_slice(const std::string& path, const SplitSpec& split, int64_t n,
+                          const std::function<int64_t(int64_t)>& pick_offset) {
+  unsigned char magic[2] = {0, 0};
+  int64_t file_bytes = -1;
+  {
+    struct stat st {};
+    std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+    if (f && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && std::fread(magic, 1, 2, f.get()) == 2 &&
+        !(magic[0] == 0x1f && magic[1] == 0x8b) && !ends_with(path, ".gz")) {
+      file_bytes = static_cast<int64_t>(st.st_size);
+    }
+  }
+  if (file_bytes < 0) {  // gzip, a pipe or an error: load_corpus reads it (and reports the error)
+    const Corpus c = load_corpus(path, split, n + 1);
+    const int64_t off = pick_offset(c.val.numel());
+    return c.val.slice(0, off, off + n).clone();
+  }
+  const SplitSizes sz = resolve_split_sizes(path, split, file_bytes, false, n + 1);
+  const int64_t off = pick_offset(sz.val);
+  if (off < 0 || off + n > sz.val) throw std::out_of_range("load_val_slice: offset outside the val split");
+  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kByte));
+  std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+  if (!f || ::fseeko(f.get(), static_cast<off_t>(sz.train + off), SEEK_SET) != 0 ||
+      std::fread(out.data_ptr<uint8_t>(), 1, static_cast<size_t>(n), f.get()) != static_cast<size_t>(n)) {
+    throw std::runtime_error(strf("data file '%s' is unreadable: could not read %lld bytes at offset %lld",
+                                  path.c_str(), (long long)n, (long long)(sz.train + off)));
+  }
   return out;
 }
 

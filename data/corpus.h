@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -48,6 +49,12 @@ struct Corpus {
 std::string resolve_corpus_path(const std::string& path);
 
 Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes);
+
+// n bytes of the val split (uint8, CPU) from offset pick_offset(val bytes) in [0, val - n]: a raw
+// file is read with one seek (the rest is never read), a gzip file through load_corpus. The same
+// checks and errors as load_corpus(path, split, n + 1).
+at::Tensor load_val_slice(const std::string& path, const SplitSpec& split, int64_t n,
+                          const std::function<int64_t(int64_t)>& pick_offset);
 
 // Random crops of seq_len + 1 bytes from one split, from a seeded generator whose state can be
 // saved and restored exactly (checkpoints / --resume).

@@ -113,8 +113,9 @@ void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
   if (ec) throw std::runtime_error("could not rename '" + tmp + "' to '" + path + "': " + ec.message());
 }
 
-CheckpointMeta read_checkpoint_meta(const std::string& path) {
-  auto archive = open_archive(path, torch::kCPU);
+namespace {
+
+CheckpointMeta meta_from_archive(torch::serialize::InputArchive& archive, const std::string& path) {
   c10::IValue meta_value;
   if (!archive.try_read("meta", meta_value) || !meta_value.isString()) {
     throw std::runtime_error("checkpoint '" + path + "' has no flashcos metadata (not a flashcos checkpoint?)");
@@ -139,9 +140,9 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   return meta;
 }
 
-void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
-                     const torch::Device& device) {
-  auto archive = open_archive(path, device);
+// Weights (and optimiser state, when given) from an open archive into `model`.
+void load_from_archive(torch::serialize::InputArchive& archive, const std::string& path, GPT& model,
+                       torch::optim::Optimizer* optimizer) {
   try {
     torch::serialize::InputArchive model_archive;
     archive.read("model", model_archive);
@@ -171,16 +172,38 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
   }
 }
 
+}  // namespace
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  auto archive = open_archive(path, torch::kCPU);
+  return meta_from_archive(archive, path);
+}
+
+void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
+                     const torch::Device& device) {
+  auto archive = open_archive(path, device);
+  load_from_archive(archive, path, model, optimizer);
+}
+
 GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out,
                const std::string& attention_impl) {
-  auto meta = read_checkpoint_meta(path);
-  if (!attention_impl.empty()) {
-    meta.model.attention_impl = attention_impl;
+  return load_model(path, device, meta_out, [&](const ModelConfig&) { return attention_impl; });
+}
+
+GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out,
+               const std::function<std::string(const ModelConfig&)>& choose_impl) {
+  // One read of the file (the archive holds the optimiser state too, which inference never needs:
+  // reading it once on the CPU is the least libtorch's archive allows), then the weights move.
+  auto archive = open_archive(path, torch::kCPU);
+  auto meta = meta_from_archive(archive, path);
+  const std::string impl = choose_impl ? choose_impl(meta.model) : std::string();
+  if (!impl.empty()) {
+    meta.model.attention_impl = impl;
     meta.model.validate();
   }
   GPT model(meta.model);
+  load_from_archive(archive, path, model, nullptr);
   model->to(device);
-  load_checkpoint(path, model, nullptr, device);
   model->eval();
   if (meta_out) *meta_out = meta;
   return model;

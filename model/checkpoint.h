@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "model/config.h"
@@ -46,6 +47,11 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
 // `attention_impl` replaces the recorded one (the weights are the same for every implementation).
 GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta = nullptr,
                const std::string& attention_impl = "");
+
+// The same from one read of the file: choose_impl sees the recorded model config and returns the
+// attention implementation to build (empty: the recorded one).
+GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta,
+               const std::function<std::string(const ModelConfig&)>& choose_impl);
 
 // "checkpoints/run" or "checkpoints/run/latest.pt" -> the .pt path.
 std::string resolve_checkpoint_path(const std::string& path_or_dir);

@@ -86,6 +86,23 @@ StaticDecoder::StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarTyp
   pos_ = at::full({1}, n, f32.dtype(at::kLong));
   logits_ = at::zeros({1, cfg_.vocab}, f32);
   next_pos_ = n;
+  if (fused_decode_attention_available(cfg_, device)) set_fused_attention(true);
+}
+
+void StaticDecoder::set_fused_attention(bool on) {
+  if (on && !fused_attn_) {
+    const auto device = token_.device();
+    if (!fused_decode_attention_available(cfg_, device)) {
+      throw std::invalid_argument("StaticDecoder: no fused decode attention for attention " + cfg_.attention +
+                                  ", head size " + std::to_string(cfg_.dim_head) + ", groups " +
+                                  std::to_string(cfg_.l2norm_groups) + " on " + device.str() +
+                                  " (expected CUDA, cosine / exp, head size 8 * 2^k <= 256, scale * groups <= 40,"
+                                  " FLASHCOS_DECODE_KERNEL not 0)");
+    }
+    attn_scratch_ = make_decode_attention_scratch(cfg_, device);
+    attn_out_ = at::zeros({1, cfg_.heads * cfg_.dim_head}, token_.options().dtype(cd_));
+  }
+  fused_attn_ = on;
 }
 
 at::Tensor StaticDecoder::prepare(const at::Tensor& t, const at::Tensor& cs, const at::Tensor& sn) const {
@@ -106,37 +123,61 @@ void StaticDecoder::run_step() {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t NH = cfg_.heads, HS = cfg_.dim_head, inner = NH * HS, C = cfg_.dim, L = cfg_.max_seq_len;
   const double inf = std::numeric_limits<double>::infinity();
-  const auto slot = at::remainder(pos_, L);               // (1,) int64
-  const auto masked = (slots_ > pos_).view({1, 1, 1, L});  // slots not yet written
-  at::Tensor cs, sn;  // (P) cos / sin of float(pos) * inv_freq[m], shared by q, k of every block
-  if (cfg_.pos == "rope") {
-    const auto angle = pos_.to(at::kFloat) * inv_freq_;
-    cs = angle.cos(), sn = angle.sin();
+  // float32: every .to(cd_) below is a no-op and the residual adds fold into the GEMMs (addmm_).
+  const bool f32 = cd_ == at::kFloat;
+  at::Tensor slot, masked, cs, sn;  // the torch-op attention's slot, mask and cos / sin
+  if (!fused_attn_) {
+    slot = at::remainder(pos_, L);                     // (1,) int64
+    masked = (slots_ > pos_).view({1, 1, 1, L});       // slots not yet written
+    if (cfg_.pos == "rope") {  // (P) cos / sin of float(pos) * inv_freq[m], shared by q, k of every block
+      const auto angle = pos_.to(at::kFloat) * inv_freq_;
+      cs = angle.cos(), sn = angle.sin();
+    }
   }
-  auto x = at::embedding(token_emb_, token_).to(at::kFloat);  // (1, 1, C) residual stream, float32
+  auto x = at::embedding(token_emb_, token_.view({1})).to(at::kFloat);  // (1, C) residual stream, float32
   for (auto& blk : blocks_) {
     auto h = at::layer_norm(x, {C}, blk.norm_attn_w, blk.norm_attn_b, eps_attn_).to(cd_);
-    auto qkv = at::linear(h, blk.wqkv).view({1, 3, NH, 1, HS});  // T = 1: (1, 1, 3 inner) as heads
-    const auto qk = prepare(qkv.narrow(1, 0, 2), cs, sn).to(cd_);  // (1, 2, NH, 1, HS)
-    const auto q = qk.select(1, 0);                                   // (1, NH, 1, HS)
-    blk.k.index_copy_(2, slot, qk.select(1, 1));
-    blk.v.index_copy_(2, slot, qkv.select(1, 2));
-    auto sim = at::matmul(q, blk.k.transpose(-1, -2)).to(at::kFloat);  // (1, NH, 1, L)
-    at::Tensor o;
-    if (cfg_.attention == "exp") {
-      auto e = (sim * cfg_.attn_scale).masked_fill(masked, -inf).exp();
-      o = at::matmul(e.to(cd_), blk.v);
+    const auto qkv = at::linear(h, blk.wqkv);  // (1, 3 inner): q, k, v, head-major
+    at::Tensor o;                              // (1, inner)
+    if (fused_attn_) {
+      fused_decode_attention(cfg_, qkv, blk.k, blk.v, attn_out_, pos_, inv_freq_, attn_scratch_);
+      o = attn_out_;
     } else {
-      sim = cfg_.attention == "cosine" ? sim * cfg_.attn_scale - cfg_.attn_scale
-                                       : sim / std::sqrt(static_cast<double>(HS));
-      o = at::matmul(sim.masked_fill(masked, -inf).softmax(-1).to(cd_), blk.v);
+      const auto heads = qkv.view({1, 3, NH, 1, HS});
+      const auto qk = prepare(heads.narrow(1, 0, 2), cs, sn).to(cd_);  // (1, 2, NH, 1, HS)
+      const auto q = qk.select(1, 0);                                    // (1, NH, 1, HS)
+      blk.k.index_copy_(2, slot, qk.select(1, 1));
+      blk.v.index_copy_(2, slot, heads.select(1, 2));
+      auto sim = at::matmul(q, blk.k.transpose(-1, -2)).to(at::kFloat);  // (1, NH, 1, L)
+      if (cfg_.attention == "exp") {
+        auto e = (sim * cfg_.attn_scale).masked_fill(masked, -inf).exp();
+        o = at::matmul(e.to(cd_), blk.v);
+      } else {
+        sim = cfg_.attention == "cosine" ? sim * cfg_.attn_scale - cfg_.attn_scale
+                                         : sim / std::sqrt(static_cast<double>(HS));
+        o = at::matmul(sim.masked_fill(masked, -inf).softmax(-1).to(cd_), blk.v);
+      }
+      o = o.view({1, inner});
     }
-    x = x + at::linear(o.view({1, 1, inner}), blk.wout).to(at::kFloat);
+    if (f32) {
+      x.addmm_(o, blk.wout.t());
+    } else {
+      x = x + at::linear(o, blk.wout).to(at::kFloat);
+    }
     h = at::layer_norm(x, {C}, blk.norm_ff_w, blk.norm_ff_b, eps_ff_).to(cd_);
-    x = x + at::linear(at::gelu(at::linear(h, blk.ff_in_w, blk.ff_in_b)), blk.ff_out_w, blk.ff_out_b).to(at::kFloat);
+    const auto g = at::gelu(at::linear(h, blk.ff_in_w, blk.ff_in_b));
+    if (f32) {
+      x.addmm_(g, blk.ff_out_w.t()).add_(blk.ff_out_b);
+    } else {
+      x = x + at::linear(g, blk.ff_out_w, blk.ff_out_b).to(at::kFloat);
+    }
   }
   auto h = at::layer_norm(x, {C}, norm_out_w_, norm_out_b_, eps_out_).to(cd_);
-  logits_.copy_(at::linear(h, logits_w_, logits_b_).view({1, cfg_.vocab}));
+  if (f32) {
+    at::addmm_out(logits_, logits_b_, h, logits_w_.t());
+  } else {
+    logits_.copy_(at::linear(h, logits_w_, logits_b_));
+  }
   pos_.add_(1);
 }
 

@@ -11,6 +11,9 @@
 // pos_ += 1 on the device.
 //   cosine:  o = softmax(scale q.k - scale) v        exp: o = sum_j exp(scale q.k_j) v_j
 //   softmax: o = softmax(q.k / sqrt(HS)) v           (masked slots: -inf before the exp)
+// On CUDA, cosine / exp attention runs as one fused kernel per block between the qkv and the output
+// projections (model/decode/decode_attention.h: l2norm, rope, the ring write and split-KV
+// attention over the filled slots only); the torch ops stay the CPU path and the reference.
 // Supported: rope or no positions, attention cosine / exp / softmax (learned positions and fastmax
 // keep generate.cpp's other paths).
 //
@@ -25,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "model/decode/decode_attention.h"
 #include "model/gpt.h"
 
 namespace flashcos::model {
@@ -47,6 +51,11 @@ class StaticDecoder {
   // How the steps run ("static"; the CUDA-graph decoder names itself).
   virtual std::string name() const { return "static"; }
   at::ScalarType compute_dtype() const { return cd_; }
+  // Whether the step's attention runs the fused CUDA kernel (model/decode/decode_attention.h; on by
+  // default where it applies, FLASHCOS_DECODE_KERNEL=0 turns it off) or the torch ops. Switching
+  // it on where it does not apply throws std::invalid_argument; set it before the first step.
+  bool fused_attention() const { return fused_attn_; }
+  void set_fused_attention(bool on);
 
  protected:
   // token_ (1, 1) int64 at position pos_ -> logits_ (1, vocab) float32; writes the token's key and
@@ -69,6 +78,9 @@ class StaticDecoder {
   at::Tensor pos_;       // (1,) int64: its absolute position
   at::Tensor logits_;    // (1, vocab) float32: the output of the step
   int64_t next_pos_ = 0;
+  bool fused_attn_ = false;
+  DecodeAttentionScratch attn_scratch_;  // the fused kernel's split-KV scratch
+  at::Tensor attn_out_;                  // (1, NH HS) compute_dtype: its output
 
  private:
   // (1, 2, NH, 1, HS) q and k -> normalised / rotated (cs, sn: cos / sin of the angles), float32

@@ -18,6 +18,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +65,7 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   auto window_of = [&](const at::Tensor& c) { return c.size(1) > max_len ? c.slice(1, c.size(1) - max_len) : c; };
 
+  const auto t_start = std::chrono::steady_clock::now();
   KVCache cache;
   const at::Tensor first = window_of(prime);
   bool cached = opts.use_cache && model->can_cache(0, first.size(1));
@@ -86,6 +88,7 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
       last = model->forward(window).select(1, window.size(1) - 1);
     }
     auto logits = last.to(at::kFloat).cpu();  // (1, vocab)
+    if (t == 0 && info) info->prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     auto top = logits.topk(top_k, -1);
     auto probs = (std::get<0>(top) / opts.temperature).softmax(-1);
     auto pick = at::multinomial(probs, 1, /*replacement=*/false, gen);

@@ -31,6 +31,7 @@ struct SampleOptions {
 // What generate() did, for the caller's report.
 struct GenerateInfo {
   std::string decode;  // "cuda graph", "static", "static (no graph)", "cached", "window"
+  double prefill_s = 0;  // wall seconds until the prime's logits were on the host (prefill, decoder set-up)
 };
 
 // prime (1, n) int64 on the model's device -> (1, length) generated tokens (CPU, int64).

@@ -194,6 +194,37 @@ TEST_F(DataTest, RawFileSplitsAtExactBoundaries) {
   EXPECT_EQ(c.val.data_ptr<uint8_t>() + 2000, c.test.data_ptr<uint8_t>());
 }
 
+// The sample prime: n bytes of the val split at the offset the callback picks, by a seek in a raw
+// file and by decompression in a gzip one (the same bytes), with load_corpus's checks.
+TEST_F(DataTest, ValSliceSeeksRawAndDecompressesGzip) {
+  auto bytes = pattern(10'007);
+  auto raw = write_raw("raw.bin", bytes);
+  auto gz = write_gz("raw.gz", bytes);
+  for (const auto& p : {raw, gz}) {
+    for (int64_t off : {int64_t(0), int64_t(777), int64_t(2000 - 129)}) {
+      int64_t seen_val = -1;
+      auto t = fd::load_val_slice(p, sizes(7000, 2000, 1000), 129, [&](int64_t val) {
+        seen_val = val;
+        return off;
+      });
+      EXPECT_EQ(seen_val, 2000) << p;
+      expect_bytes(t, 7000 + off, 129);
+    }
+    fd::SplitSpec frac;
+    frac.fractions = true, frac.f_train = 0.5, frac.f_val = 0.25, frac.f_test = 0.25;
+    auto t = fd::load_val_slice(p, frac, 5, [](int64_t val) { return val - 5; });
+    const int64_t val_start = std::llround(0.5 * 10'007) - (std::llround(0.5 * 10'007) + 2 * std::llround(0.25 * 10'007) > 10'007 ? 1 : 0);
+    expect_bytes(t, val_start + std::llround(0.25 * 10'007) - 5, 5);
+    // Too small a val split for the slice, or a file too small for the split: load_corpus's errors.
+    EXPECT_HAS(error_of([&] { fd::load_val_slice(p, sizes(7000, 100, 1000), 129, [](int64_t) { return 0; }); }),
+               "val split");
+    EXPECT_HAS(error_of([&] { fd::load_val_slice(p, sizes(9000, 2000, 1000), 3, [](int64_t) { return 0; }); }),
+               "holds 10007 bytes");
+  }
+  EXPECT_HAS(error_of([&] { fd::load_val_slice(path("missing.bin"), sizes(1, 1, 1), 1, [](int64_t) { return 0; }); }),
+             "not found");
+}
+
 TEST_F(DataTest, GzipFileGivesTheSameBytes) {
   auto bytes = pattern(300'001);
   auto g = write_gz("c.gz", bytes);

@@ -1,0 +1,222 @@
+// Fused decode attention for one query row (math in decode_attention.h).
+//   grid (NH, splits), 128 threads. Every block l2-normalises and rotates q in shared memory (the
+//   owner of slot s = pos mod L also k, and writes k, v into the rings); then groups of T = HS / 8
+//   lanes take one key each (8 features per lane, 16-byte loads), the dot product by T-lane
+//   shuffles, and accumulate P_j V_j and P_j in float32 registers; the block sums its groups into
+//   one partial row (sum P V, sum P) and the last block of the head (atomic counter) combines the
+//   `splits` partial rows in a fixed order.
+#include "model/decode/cuda/decode_attention.h"
+
+#include <algorithm>
+
+#include "model/fused/cuda/vec.cuh"
+
+namespace flashcos::cuda {
+namespace {
+
+using namespace fused;
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxHead = 256;
+constexpr int kPerThread = kMaxHead / kThreads;  // q / k features one thread prepares
+
+__device__ __forceinline__ float load1(const void* ptr, DType dtype, int64_t i) {
+  if (dtype == DType::kFloat) return static_cast<const float*>(ptr)[i];
+  if (dtype == DType::kHalf) return __half2float(static_cast<const __half*>(ptr)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(ptr)[i]);
+}
+
+__device__ __forceinline__ void store1(void* ptr, DType dtype, int64_t i, float v) {
+  if (dtype == DType::kFloat) {
+    static_cast<float*>(ptr)[i] = v;
+  } else if (dtype == DType::kHalf) {
+    static_cast<__half*>(ptr)[i] = __float2half_rn(v);
+  } else {
+    static_cast<__nv_bfloat16*>(ptr)[i] = __float2bfloat16_rn(v);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionParams p) {
+  __shared__ float q_s[kMaxHead];
+  __shared__ float k_s[kMaxHead + 1];
+  __shared__ float red[kWarps][kMaxHead + 1];
+  __shared__ bool last_block;
+
+  const int h = blockIdx.x, split = blockIdx.y, S = p.splits;
+  const int HS = p.head_dim, L = p.max_len, gs = HS / p.groups, inner = p.heads * HS;
+  const int64_t pos = *p.pos;
+  const int n = static_cast<int>(pos + 1 < L ? pos + 1 : L);  // filled slots 0 .. n - 1
+  const int s = static_cast<int>(pos % L);                     // this token's slot
+  const int chunk = (n + S - 1) / S;
+  const int begin = min(n, split * chunk), end = min(n, begin + chunk);
+  const bool owner = s >= begin && s < end;
+  const int64_t head_base = int64_t(h) * L * HS;
+
+  // 1. q (and, in the owner, k): float32, l2-normalised per group, rotated at pos.
+  for (int t = threadIdx.x; t < HS; t += kThreads) {
+    q_s[t] = load1(p.qkv, p.dtype, int64_t(h) * HS + t);
+    if (owner) k_s[t] = load1(p.qkv, p.dtype, int64_t(inner) + h * HS + t);
+  }
+  __syncthreads();
+  float qv[kPerThread], kv[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int t = threadIdx.x + i * kThreads;
+    qv[i] = kv[i] = 0.f;
+    if (t >= HS) continue;
+    const int g0 = t / gs * gs;
+    float sq = 0.f, sk = 0.f;
+    for (int e = g0; e < g0 + gs; ++e) {
+      sq += q_s[e] * q_s[e];
+      sk += owner ? k_s[e] * k_s[e] : 0.f;
+    }
+    qv[i] = q_s[t] / fmaxf(sqrtf(sq), 1e-12f);
+    if (owner) kv[i] = k_s[t] / fmaxf(sqrtf(sk), 1e-12f);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int t = threadIdx.x + i * kThreads;
+    if (t < HS) q_s[t] = qv[i], k_s[t] = kv[i];
+  }
+  __syncthreads();
+  if (p.inv_freq != nullptr) {
+    const float fpos = static_cast<float>(pos);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int t = threadIdx.x + i * kThreads;
+      if (t >= HS) continue;
+      const float angle = fpos * p.inv_freq[(t % gs) / 2];
+      float sn, cs;
+      sincosf(angle, &sn, &cs);
+      const int e = t & ~1;  // the pair (e, e + 1): (a, b) -> (a cos - b sin, a sin + b cos)
+      qv[i] = (t & 1) ? q_s[e] * sn + q_s[e + 1] * cs : q_s[e] * cs - q_s[e + 1] * sn;
+      kv[i] = (t & 1) ? k_s[e] * sn + k_s[e + 1] * cs : k_s[e] * cs - k_s[e + 1] * sn;
+    }
+    __syncthreads();
+  }
+  // q and k as the attention takes them: rounded to the cache dtype. The owner writes slot s.
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int t = threadIdx.x + i * kThreads;
+    if (t >= HS) continue;
+    q_s[t] = round_to(p.dtype, qv[i]);
+    if (owner) {
+      store1(p.k_cache, p.dtype, head_base + int64_t(s) * HS + t, kv[i]);
+      store1(p.v_cache, p.dtype, head_base + int64_t(s) * HS + t,
+             load1(p.qkv, p.dtype, int64_t(2) * inner + h * HS + t));
+    }
+  }
+  __syncthreads();  // slot s written (visible to this block) and q_s complete
+
+  // 2. Groups of T lanes, one key each: P_j = exp(scale q.k_j - shift), acc += P_j V_j.
+  const int T = HS / kVec, sub = threadIdx.x % T, group = threadIdx.x / T, groups = kThreads / T;
+  float q[kVec], acc[kVec], l = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) q[i] = q_s[sub * kVec + i], acc[i] = 0.f;
+  for (int base = begin; base < end; base += groups) {  // the same trip count for the whole block
+    const int j = base + group;
+    const bool valid = j < end;
+    float kr[kVec], vr[kVec];
+    float dot = 0.f;
+    if (valid) {
+      const int64_t off = head_base + int64_t(j) * HS + sub * kVec;
+      load8(p.k_cache, p.dtype, off, kr);
+      load8(p.v_cache, p.dtype, off, vr);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) dot = fmaf(q[i], kr[i], dot);
+    }
+    for (int m = T / 2; m >= 1; m >>= 1) dot += __shfl_xor_sync(kFullMask, dot, m);
+    if (valid) {
+      const float pj = expf(p.scale * dot - p.shift);
+      l += pj;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = fmaf(pj, vr[i], acc[i]);
+    }
+  }
+  // Sum the groups of each warp (lanes with the same `sub`), then the warps.
+  for (int m = T; m < 32; m <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] += __shfl_xor_sync(kFullMask, acc[i], m);
+    l += __shfl_xor_sync(kFullMask, l, m);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane < T) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) red[warp][sub * kVec + i] = acc[i];
+    if (lane == 0) red[warp][HS] = l;
+  }
+  __syncthreads();
+  float* partial = p.partials + (int64_t(h) * S + split) * (HS + 1);
+  for (int t = threadIdx.x; t <= HS; t += kThreads) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += red[w][t];
+    partial[t] = v;
+  }
+
+  // 3. The last block of the head to finish combines the partial rows.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(p.counters + h, 1u) == static_cast<unsigned>(S - 1);
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  // P threads per column sum every P-th row (four independent loads in flight each), in a fixed
+  // order; the threads of column 0 also sum l. Then the P part sums per column.
+  const float* rows = p.partials + int64_t(h) * S * (HS + 1);
+  const int parts = min(kWarps, max(1, kThreads / HS));
+  auto row_sum = [&](int part, int col) {
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    int r = part;
+    for (; r + 3 * parts < S; r += 4 * parts) {
+      a0 += __ldcg(rows + int64_t(r) * (HS + 1) + col);
+      a1 += __ldcg(rows + int64_t(r + parts) * (HS + 1) + col);
+      a2 += __ldcg(rows + int64_t(r + 2 * parts) * (HS + 1) + col);
+      a3 += __ldcg(rows + int64_t(r + 3 * parts) * (HS + 1) + col);
+    }
+    for (; r < S; r += parts) a0 += __ldcg(rows + int64_t(r) * (HS + 1) + col);
+    return (a0 + a1) + (a2 + a3);
+  };
+  for (int w = threadIdx.x; w < HS * parts; w += kThreads) {
+    const int col = w % HS, part = w / HS;
+    red[part][col] = row_sum(part, col);
+    if (col == 0) red[part][HS] = row_sum(part, HS);
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t <= HS; t += kThreads) {  // k_s (free now) takes the totals, l at HS
+    float v = 0.f;
+    for (int part = 0; part < parts; ++part) v += red[part][t];
+    k_s[t] = v;
+  }
+  __syncthreads();
+  const float inv_l = p.normalize ? 1.f / k_s[HS] : 1.f;
+  for (int t = threadIdx.x; t < HS; t += kThreads) store1(p.out, p.dtype, int64_t(h) * HS + t, k_s[t] * inv_l);
+  if (threadIdx.x == 0) p.counters[h] = 0u;
+}
+
+}  // namespace
+
+bool decode_attention_supported(int head_dim, int groups) {
+  if (head_dim < kVec || head_dim > kMaxHead || head_dim % kVec != 0) return false;
+  const int t = head_dim / kVec;
+  if ((t & (t - 1)) != 0) return false;  // T lanes per key: a power of two dividing 32
+  return groups >= 1 && head_dim % groups == 0 && (head_dim / groups) % 2 == 0;
+}
+
+int decode_attention_splits(int heads, int max_len, int num_sms) {
+  const int want = (4 * std::max(num_sms, 1) + heads - 1) / std::max(heads, 1);
+  return std::max(1, std::min({max_len, want, 256}));
+}
+
+cudaError_t run_decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
+  if (!decode_attention_supported(p.head_dim, p.groups) || p.heads < 1 || p.max_len < 1 || p.splits < 1 ||
+      p.splits > p.max_len) {
+    return cudaErrorInvalidValue;
+  }
+  decode_attention_kernel<<<dim3(p.heads, p.splits), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashcos::cuda
