@@ -137,6 +137,7 @@ quality_run() {  # name, args...
 if has quality; then
   for q in ${QUALITY_RUNS:-seed cosine}; do
     case $q in
+      default) quality_run default ;;
       seed) quality_run seed --lr 2e-4 --warmup 0 --schedule constant ;;
       cosine) quality_run cosine --lr 1e-3 --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
       cosine2e-3|cosine3e-3) quality_run $q --lr ${q#cosine} --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
@@ -147,15 +148,22 @@ if has quality; then
   done
 fi
 
-# Sampling speed from the newest quality checkpoint: wall time of `sample --length` 2048 and 16384.
+# Sampling speed from the newest quality checkpoint: wall time of `sample --length` 2048 and 16384
+# (fused decode kernel + CUDA graph), and 2048 with the decode step on libtorch ops
+# (FLASHCOS_DECODE_KERNEL=0) and without the graph (FLASHCOS_DECODE_GRAPH=0) for comparison.
+sample_run() {  # tag, length, env...
+  local tag=$1 len=$2; shift 2
+  local t0; t0=$(date +%s.%N)
+  env "$@" "$TRAIN" sample --checkpoint "$ck" --data "$DATA" --length "$len" --seed 1 > "$LOG/sample_$tag.log" 2>&1
+  local rc=$?
+  row "sample $tag" "rc $rc: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}') s wall; $(grep -oE '[0-9.]+ bytes/s.*' "$LOG/sample_$tag.log" | tail -1)"
+}
 if has sample; then
   ck=$(ls -td "$CK"/q-* 2>/dev/null | head -1)
-  for len in 2048 16384; do
-    t0=$(date +%s.%N)
-    "$TRAIN" sample --checkpoint "$ck" --data "$DATA" --length $len --seed 1 > "$LOG/sample_$len.log" 2>&1
-    rc=$?
-    row "sample --length $len" "rc $rc: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}') s wall; $(grep -oE '[0-9.]+ bytes/s' "$LOG/sample_$len.log" | tail -1)"
-  done
+  sample_run 2048 2048
+  sample_run 16384 16384
+  sample_run 2048-torch-ops 2048 FLASHCOS_DECODE_KERNEL=0
+  sample_run 2048-no-graph 2048 FLASHCOS_DECODE_GRAPH=0
 fi
 
 if has matrix; then
