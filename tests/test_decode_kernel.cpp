@@ -174,22 +174,34 @@ TEST_P(DecodeKernelStep, SameLogitsAsTorchOps) {
   torch::NoGradGuard no_grad;
   const int64_t L = cfg.max_seq_len, steps = L + 40, prime = std::min<int64_t>(L, 3);
   const auto tokens = torch::randint(0, 256, {1, prime + steps}, torch::kLong);
+  // float32: the kernel equals the torch ops to rounding. bf16: both round differently (the torch ops
+  // cast the attention weights to bf16 before P v, the kernel keeps them in float32), so each is
+  // measured against the float32 step and the kernel may be at most twice as far off.
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    KVCache a, b;
+    KVCache a, b, c;
     m->forward_cached(tokens.narrow(1, 0, prime).to(torch::kCUDA), a);
     m->forward_cached(tokens.narrow(1, 0, prime).to(torch::kCUDA), b);
-    StaticDecoder fused(m, a, dtype), ops(m, b, dtype);
+    m->forward_cached(tokens.narrow(1, 0, prime).to(torch::kCUDA), c);
+    StaticDecoder fused(m, a, dtype), ops(m, b, dtype), ref(m, c, at::kFloat);
     ASSERT_TRUE(fused.fused_attention());
     ops.set_fused_attention(false);
+    ref.set_fused_attention(false);
     at::Tensor previous;
     for (int64_t t = 0; t < steps; ++t) {
       const int64_t tok = tokens[0][prime + t].item<int64_t>();
       if (previous.defined()) previous.fill_(NAN);  // poison the logits buffer: the step must rewrite it
-      const auto y = fused.step(tok);
-      const auto x = ops.step(tok);
-      ASSERT_LT(rel_err(y.cpu(), x.cpu()), dtype == at::kFloat ? 1e-5 : 1e-2)
-          << name_of(GetParam()) << " " << c10::toString(dtype) << " step " << t;
-      previous = y;
+      const auto y_dev = fused.step(tok);  // the decoder's logits buffer
+      const auto y = y_dev.cpu();
+      const auto x = ops.step(tok).cpu();
+      const auto r = ref.step(tok).cpu();
+      if (dtype == at::kFloat) {
+        ASSERT_LT(rel_err(y, x), 1e-5) << name_of(GetParam()) << " float32 step " << t;
+      } else {
+        ASSERT_LE(rel_err(y, r), 2 * rel_err(x, r) + 1e-3)
+            << name_of(GetParam()) << " bf16 step " << t << ": kernel " << rel_err(y, r) << ", torch ops "
+            << rel_err(x, r) << " from the float32 step";
+      }
+      previous = y_dev;
     }
   }
 }
