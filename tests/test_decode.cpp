@@ -16,6 +16,7 @@
 #include "model/generate.h"
 #include "model/gpt.h"
 #include "tests/attention_test_util.h"
+#include "tests/model_test_util.h"
 
 namespace {
 
@@ -24,23 +25,8 @@ using flashcos::model::KVCache;
 using flashcos::model::ModelConfig;
 using flashcos::model::StaticDecoder;
 using flashcos::test::rel_err;
-
-ModelConfig small(const std::string& pos, const std::string& attention, int64_t groups, int64_t depth) {
-  ModelConfig c;
-  c.dim = 32, c.depth = depth, c.heads = 2, c.dim_head = 16, c.max_seq_len = 24;
-  c.pos = pos, c.attention = attention, c.l2norm_groups = groups, c.attention_impl = "plain";
-  if (attention == "exp") c.attn_scale = 2.0;
-  return c;
-}
-
-GPT make_model(const ModelConfig& cfg, uint64_t seed) {
-  torch::manual_seed(seed);
-  GPT m(cfg);
-  torch::NoGradGuard no_grad;
-  for (auto& p : m->parameters()) p.add_(torch::randn_like(p) * 0.2);
-  m->eval();
-  return m;
-}
+using flashcos::test::small;
+using flashcos::test::make_model;
 
 struct DecodeCase {
   std::string pos, attention;

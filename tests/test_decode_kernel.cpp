@@ -21,6 +21,7 @@
 #include "model/decode_step.h"
 #include "model/gpt.h"
 #include "tests/attention_test_util.h"
+#include "tests/model_test_util.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ using flashcos::model::KVCache;
 using flashcos::model::ModelConfig;
 using flashcos::model::StaticDecoder;
 using flashcos::test::rel_err;
+using flashcos::test::make_model;
 
 struct KernelCase {
   std::string attention, pos;
@@ -153,15 +155,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecodeKernel, ::testing::ValuesIn(kernel_cases(
                            for (char& ch : s) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return s;
                          });
-
-GPT make_model(const ModelConfig& cfg, uint64_t seed) {
-  torch::manual_seed(seed);
-  GPT m(cfg);
-  torch::NoGradGuard no_grad;
-  for (auto& p : m->parameters()) p.add_(torch::randn_like(p) * 0.2);
-  m->eval();
-  return m;
-}
 
 class DecodeKernelStep : public ::testing::TestWithParam<KernelCase> {};
 
