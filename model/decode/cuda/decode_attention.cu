@@ -21,22 +21,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxHead = 256;
 constexpr int kPerThread = kMaxHead / kThreads;  // q / k features one thread prepares
 
-__device__ __forceinline__ float load1(const void* ptr, DType dtype, int64_t i) {
-  if (dtype == DType::kFloat) return static_cast<const float*>(ptr)[i];
-  if (dtype == DType::kHalf) return __half2float(static_cast<const __half*>(ptr)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(ptr)[i]);
-}
-
-__device__ __forceinline__ void store1(void* ptr, DType dtype, int64_t i, float v) {
-  if (dtype == DType::kFloat) {
-    static_cast<float*>(ptr)[i] = v;
-  } else if (dtype == DType::kHalf) {
-    static_cast<__half*>(ptr)[i] = __float2half_rn(v);
-  } else {
-    static_cast<__nv_bfloat16*>(ptr)[i] = __float2bfloat16_rn(v);
-  }
-}
-
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionParams p) {
   __shared__ float q_s[kMaxHead];
   __shared__ float k_s[kMaxHead + 1];

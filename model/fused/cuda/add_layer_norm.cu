@@ -156,16 +156,6 @@ static_assert(kThreads == 32 * kVec, "the partial reduction maps one thread to o
 // 8 rows of threads striding over the blocks, then a shared-memory sum over the 8.
 constexpr int kReduceCols = 32, kReduceRows = 8;
 
-__device__ __forceinline__ void store1(void* ptr, DType dtype, int64_t i, float v) {
-  if (dtype == DType::kFloat) {
-    static_cast<float*>(ptr)[i] = v;
-  } else if (dtype == DType::kHalf) {
-    static_cast<__half*>(ptr)[i] = __float2half_rn(v);
-  } else {
-    static_cast<__nv_bfloat16*>(ptr)[i] = __float2bfloat16_rn(v);
-  }
-}
-
 __global__ void __launch_bounds__(kReduceCols* kReduceRows) gamma_beta_reduce_kernel(const AddLayerNormParams p,
                                                                                      int blocks) {
   __shared__ float s_acc[kReduceRows][kReduceCols + 1];

@@ -17,22 +17,6 @@ using namespace fused;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
-__device__ __forceinline__ float load1(const void* ptr, DType dtype, int64_t i) {
-  if (dtype == DType::kFloat) return static_cast<const float*>(ptr)[i];
-  if (dtype == DType::kHalf) return __half2float(static_cast<const __half*>(ptr)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(ptr)[i]);
-}
-
-__device__ __forceinline__ void store1(void* ptr, DType dtype, int64_t i, float v) {
-  if (dtype == DType::kFloat) {
-    static_cast<float*>(ptr)[i] = v;
-  } else if (dtype == DType::kHalf) {
-    static_cast<__half*>(ptr)[i] = __float2half_rn(v);
-  } else {
-    static_cast<__nv_bfloat16*>(ptr)[i] = __float2bfloat16_rn(v);
-  }
-}
-
 // Folds value z into the running (m, l) pair.
 __device__ __forceinline__ void online_add(float z, float& m, float& l) {
   if (z > m) {

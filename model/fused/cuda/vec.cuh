@@ -16,6 +16,23 @@ namespace flashcos::cuda::fused {
 constexpr int kVec = 8;  // elements per 16-byte access (two for fp32)
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// One element of a runtime-typed row, in and out of float.
+__device__ __forceinline__ float load1(const void* ptr, DType dtype, int64_t i) {
+  if (dtype == DType::kFloat) return static_cast<const float*>(ptr)[i];
+  if (dtype == DType::kHalf) return __half2float(static_cast<const __half*>(ptr)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(ptr)[i]);
+}
+
+__device__ __forceinline__ void store1(void* ptr, DType dtype, int64_t i, float v) {
+  if (dtype == DType::kFloat) {
+    static_cast<float*>(ptr)[i] = v;
+  } else if (dtype == DType::kHalf) {
+    static_cast<__half*>(ptr)[i] = __float2half_rn(v);
+  } else {
+    static_cast<__nv_bfloat16*>(ptr)[i] = __float2bfloat16_rn(v);
+  }
+}
+
 // Loads elements [off, off + 8) of a row; off a multiple of 8, the pointer 16-byte aligned.
 __device__ __forceinline__ void load8(const void* ptr, DType dtype, int64_t off, float (&out)[kVec]) {
   if (dtype == DType::kFloat) {
