@@ -26,6 +26,7 @@
 
 #include "model/checkpoint.h"
 #include "model/distributed.h"
+#include "tests/train_process_util.h"
 
 namespace fs = std::filesystem;
 using flashcos::model::DistEnv;
@@ -46,22 +47,8 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-RunResult run_shell(const std::string& cmd) {
-  RunResult result;
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  if (!pipe) return result;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using train_test::RunResult;
+using train_test::run_shell;
 
 class DistributedTrain : public ::testing::Test {
  protected:

@@ -38,12 +38,10 @@ inline std::string quote(const std::string& s) {
   return out + "'";
 }
 
-// Runs `/bin/bash -c "<prefix> exec train <args>"` and waits. `prefix` may set limits (ulimit).
-inline RunResult run_train(const std::string& args, const std::string& prefix = "") {
-  const std::string script = prefix + " exec " + quote(FLASHCOS_TRAIN_BIN) + " " + args + " 2>&1";
-  const std::string cmd = "/bin/bash -c " + quote(script);
+// Runs a shell command, stdout and stderr together, and waits.
+inline RunResult run_shell(const std::string& cmd) {
   RunResult result;
-  FILE* pipe = popen(cmd.c_str(), "r");
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
   if (!pipe) return result;
   std::array<char, 4096> buf{};
   size_t n = 0;
@@ -51,6 +49,12 @@ inline RunResult run_train(const std::string& args, const std::string& prefix = 
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// Runs `/bin/bash -c "<prefix> exec train <args>"` and waits. `prefix` may set limits (ulimit).
+inline RunResult run_train(const std::string& args, const std::string& prefix = "") {
+  const std::string script = prefix + " exec " + quote(FLASHCOS_TRAIN_BIN) + " " + args + " 2>&1";
+  return run_shell("/bin/bash -c " + quote(script));
 }
 
 // A fresh temporary folder holding corpus.txt (64 KB of varied text); removed by the destructor.
