@@ -110,6 +110,8 @@ int run_train(int argc, char** argv) {
       ("min-lr-ratio", "cosine schedule floor, as a fraction of --lr", cxxopts::value<double>()->default_value("0.1"))
       ("seed-recipe", "the seed's recipe instead of the default: lr 2e-4, constant, no warmup (an explicit --lr, --warmup or --schedule still wins)")
       ("weight-decay", "AdamW weight decay (0: Adam)", cxxopts::value<double>()->default_value("0"))
+      ("adam-beta1", "Adam(W) first-moment decay", cxxopts::value<double>()->default_value(strf("%g", d.adam_beta1)))
+      ("adam-beta2", "Adam(W) second-moment decay", cxxopts::value<double>()->default_value(strf("%g", d.adam_beta2)))
       ("clip-grad", "gradient norm clip (0: off)", cxxopts::value<double>()->default_value("0.5"))
       ("precision", "auto | bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)", cxxopts::value<std::string>()->default_value("auto"))
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("42"))
@@ -157,6 +159,8 @@ int run_train(int argc, char** argv) {
       if (!r.count("schedule")) c.schedule = "constant";
     }
     c.weight_decay = r["weight-decay"].as<double>();
+    c.adam_beta1 = r["adam-beta1"].as<double>();
+    c.adam_beta2 = r["adam-beta2"].as<double>();
     c.clip_grad = r["clip-grad"].as<double>();
     c.precision = r["precision"].as<std::string>();
     c.seed = r["seed"].as<uint64_t>();

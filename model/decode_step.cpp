@@ -15,6 +15,8 @@
 #include <flashcos/l2norm.h>
 #include <flashcos/rotary.h>
 
+#include "model/fused/add_layer_norm.h"
+
 namespace flashcos::model {
 
 bool StaticDecoder::supports(const ModelConfig& cfg) {
@@ -135,8 +137,19 @@ void StaticDecoder::run_step() {
     }
   }
   auto x = at::embedding(token_emb_, token_.view({1})).to(at::kFloat);  // (1, C) residual stream, float32
+  // float32 adds each branch into x with addmm_; bf16 / fp16 keep a branch's output (r, compute
+  // dtype) pending and add it inside the next LayerNorm (fused::add_layer_norm: x += r, then the norm
+  // in float32 statistics, written in compute dtype): one kernel instead of cast, add, norm, cast.
+  at::Tensor r;  // the pending branch output (reduced precision only)
+  auto norm = [&](const at::Tensor& w, const at::Tensor& b, double eps) {
+    if (f32) return at::layer_norm(x, {C}, w, b, eps);
+    auto res = fused::add_layer_norm(x, r, w, b, eps, cd_);
+    x = res.sum;
+    r = at::Tensor();
+    return res.normed;
+  };
   for (auto& blk : blocks_) {
-    auto h = at::layer_norm(x, {C}, blk.norm_attn_w, blk.norm_attn_b, eps_attn_).to(cd_);
+    auto h = norm(blk.norm_attn_w, blk.norm_attn_b, eps_attn_);
     const auto qkv = at::linear(h, blk.wqkv);  // (1, 3 inner): q, k, v, head-major
     at::Tensor o;                              // (1, inner)
     if (fused_attn_) {
@@ -162,17 +175,17 @@ void StaticDecoder::run_step() {
     if (f32) {
       x.addmm_(o, blk.wout.t());
     } else {
-      x = x + at::linear(o, blk.wout).to(at::kFloat);
+      r = at::linear(o, blk.wout);
     }
-    h = at::layer_norm(x, {C}, blk.norm_ff_w, blk.norm_ff_b, eps_ff_).to(cd_);
+    h = norm(blk.norm_ff_w, blk.norm_ff_b, eps_ff_);
     const auto g = at::gelu(at::linear(h, blk.ff_in_w, blk.ff_in_b));
     if (f32) {
       x.addmm_(g, blk.ff_out_w.t()).add_(blk.ff_out_b);
     } else {
-      x = x + at::linear(g, blk.ff_out_w, blk.ff_out_b).to(at::kFloat);
+      r = at::linear(g, blk.ff_out_w, blk.ff_out_b);
     }
   }
-  auto h = at::layer_norm(x, {C}, norm_out_w_, norm_out_b_, eps_out_).to(cd_);
+  auto h = norm(norm_out_w_, norm_out_b_, eps_out_);
   if (f32) {
     at::addmm_out(logits_, logits_b_, h, logits_w_.t());
   } else {

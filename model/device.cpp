@@ -1,5 +1,6 @@
 #include "model/device.h"
 
+#include <ATen/ATen.h>
 #include <torch/cuda.h>
 
 #include <stdexcept>
@@ -21,6 +22,15 @@ c10::Device resolve_device(const std::string& name) {
     return c10::Device(name);
   }
   throw std::invalid_argument("--device must be auto, cpu or cuda[:N], got '" + name + "'");
+}
+
+void warm_up(const c10::Device& device) {
+  if (!device.is_cuda()) return;
+  const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  const auto a = at::ones({64, 64}, opts);
+  (void)at::mm(a, a);
+  (void)at::linear(a.narrow(0, 0, 1), a);  // the one-row shape of a decode step
+  synchronize(device);
 }
 
 std::string device_description(const c10::Device& device) {

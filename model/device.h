@@ -11,6 +11,10 @@ namespace flashcos::model {
 c10::Device resolve_device(const std::string& name);
 std::string device_description(const c10::Device& device);
 void synchronize(const c10::Device& device);
+// The device's one-time start-up costs paid up front: on CUDA the context, the cuBLAS / cuBLASLt
+// handles and workspace (one small bf16 GEMM), then a synchronize. Safe to run on a second thread
+// while the first reads a checkpoint (sample does); a no-op on the CPU.
+void warm_up(const c10::Device& device);
 // Peak bytes allocated through the CUDA caching allocator since the last reset (0 on CPU).
 double peak_memory_gib(const c10::Device& device);
 void reset_peak_memory(const c10::Device& device);

@@ -30,6 +30,8 @@ void validate_train_config(const TrainConfig& c) {
   require(c.warmup >= 0, "--warmup must be >= 0, got " + std::to_string(c.warmup));
   require(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, strf("--min-lr-ratio must be in [0, 1], got %g", c.min_lr_ratio));
   require(c.weight_decay >= 0 && std::isfinite(c.weight_decay), strf("--weight-decay must be >= 0, got %g", c.weight_decay));
+  require(c.adam_beta1 >= 0 && c.adam_beta1 < 1, strf("--adam-beta1 must be in [0, 1), got %g", c.adam_beta1));
+  require(c.adam_beta2 >= 0 && c.adam_beta2 < 1, strf("--adam-beta2 must be in [0, 1), got %g", c.adam_beta2));
   require(c.val_windows >= 1, "--val-windows must be >= 1, got " + std::to_string(c.val_windows));
   require(c.generate_length >= 1, "--generate-length must be >= 1, got " + std::to_string(c.generate_length));
   require(c.profile_steps >= 0, "--profile-steps must be >= 0, got " + std::to_string(c.profile_steps));
@@ -42,6 +44,7 @@ std::string TrainConfig::to_json() const {
   nlohmann::json j = {{"data", data}, {"split", split}, {"seq_len", seq_len}, {"batch", batch},
                       {"grad_accum", grad_accum}, {"steps", steps}, {"lr", lr}, {"warmup", warmup},
                       {"schedule", schedule}, {"min_lr_ratio", min_lr_ratio}, {"weight_decay", weight_decay},
+                      {"adam_beta1", adam_beta1}, {"adam_beta2", adam_beta2},
                       {"clip_grad", clip_grad}, {"precision", precision}, {"validate_every", validate_every},
                       {"val_windows", val_windows}, {"generate_every", generate_every},
                       {"generate_length", generate_length}, {"save_every", save_every}, {"log_every", log_every},
@@ -66,6 +69,9 @@ TrainConfig TrainConfig::from_json(const std::string& json, const TrainConfig& d
     c.schedule = j.value("schedule", d.schedule);
     c.min_lr_ratio = j.value("min_lr_ratio", d.min_lr_ratio);
     c.weight_decay = j.value("weight_decay", d.weight_decay);
+    // Checkpoints from before the option trained with libtorch's defaults, whatever today's are.
+    c.adam_beta1 = j.value("adam_beta1", 0.9);
+    c.adam_beta2 = j.value("adam_beta2", 0.999);
     c.clip_grad = j.value("clip_grad", d.clip_grad);
     c.precision = j.value("precision", d.precision);
     c.validate_every = j.value("validate_every", d.validate_every);

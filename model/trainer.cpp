@@ -208,16 +208,25 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   GPT model(cfg.model);
   model->to(device);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  const std::tuple<double, double> betas{cfg.adam_beta1, cfg.adam_beta2};
   if (cfg.weight_decay > 0) {
-    optimizer = std::make_unique<FusedAdamW>(model->parameters(),
-                                                      torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+    optimizer = std::make_unique<FusedAdamW>(
+        model->parameters(), torch::optim::AdamWOptions(cfg.lr).betas(betas).weight_decay(cfg.weight_decay));
   } else {
-    optimizer = std::make_unique<FusedAdam>(model->parameters(), torch::optim::AdamOptions(cfg.lr));
+    optimizer = std::make_unique<FusedAdam>(model->parameters(), torch::optim::AdamOptions(cfg.lr).betas(betas));
   }
   TrainState state;
   state.loss_scale = precision.loss_scaling ? 65536.0 : 1.0;
   if (!resume_path.empty()) {
     load_checkpoint(resume_path, model, optimizer.get(), device);
+    // The optimiser's saved options came back with its state: the run's (resolved) betas win.
+    for (auto& group : optimizer->param_groups()) {
+      if (cfg.weight_decay > 0) {
+        static_cast<torch::optim::AdamWOptions&>(group.options()).betas(betas);
+      } else {
+        static_cast<torch::optim::AdamOptions&>(group.options()).betas(betas);
+      }
+    }
     state = meta.state;
     sampler.load_state(state.sampler_state);
   }
@@ -263,8 +272,8 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
                  static_cast<long long>(cfg.grad_accum), static_cast<long long>(cfg.seq_len),
                  static_cast<long long>(tokens_per_step)));
   }
-  log::info(strf("  optimiser   %s lr %.3g (%s, warmup %lld), clip %.3g, steps %lld%s",
-                 cfg.weight_decay > 0 ? "AdamW" : "Adam", cfg.lr, cfg.schedule.c_str(),
+  log::info(strf("  optimiser   %s (betas %g, %g) lr %.3g (%s, warmup %lld), clip %.3g, steps %lld%s",
+                 cfg.weight_decay > 0 ? "AdamW" : "Adam", cfg.adam_beta1, cfg.adam_beta2, cfg.lr, cfg.schedule.c_str(),
                  static_cast<long long>(cfg.warmup), cfg.clip_grad, static_cast<long long>(cfg.steps),
                  resume_path.empty() ? "" : strf(", resumed at step %lld", static_cast<long long>(state.step)).c_str()));
   log::info(strf("  output      %s (metrics.jsonl, latest.pt)", run_dir.string().c_str()));

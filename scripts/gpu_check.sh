@@ -16,8 +16,8 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
-# quality: 500-step runs at seq 8192 (QUALITY_RUNS of seed, cosine, learned, fp16, bf16) with a 64-window
-# validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
+# quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, seed, cosine, learned, fp16, bf16, or
+# name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
 # unfused-8192 fused-1024 ddp1-8192).
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
@@ -144,6 +144,7 @@ if has quality; then
       learned) quality_run learned --pos learned --lr 2e-4 --warmup 0 --schedule constant ;;
       fp16) quality_run fp16 --precision fp16 ;;
       bf16) quality_run bf16 --precision bf16 ;;
+      *=*) quality_run "${q%%=*}" $(echo "${q#*=}" | tr ',' ' ') ;;  # name=--flag,value,...: the default recipe plus those
     esac
   done
 fi
@@ -160,7 +161,11 @@ sample_run() {  # tag, length, env...
 }
 if has sample; then
   ck=$(ls -td "$CK"/q-* 2>/dev/null | head -1)
+  t0=$(date +%s.%N); "$TRAIN" --help > /dev/null 2>&1
+  row "process start + exit (--help)" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}') s wall"
+  sample_run 1 1
   sample_run 2048 2048
+  sample_run 2048-again 2048
   sample_run 16384 16384
   sample_run 2048-torch-ops 2048 FLASHCOS_DECODE_KERNEL=0
   sample_run 2048-no-graph 2048 FLASHCOS_DECODE_GRAPH=0

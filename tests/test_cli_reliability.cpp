@@ -160,6 +160,7 @@ TEST(TrainCli, BadOptionsAreRefusedBeforeAnyRunFolderExists) {
       {"--generate-length -5 --generate-every 1", "--generate-length", 2},
       {"--val-windows 0", "--val-windows", 2},
       {"--min-lr-ratio -0.5", "--min-lr-ratio", 2},
+      {"--adam-beta2 1", "--adam-beta2", 2},
       {"--log-level verbose", "--log-level", 2},
       {"--run a/b", "--run", 2},
       {"--data " + quote(t.dir() + "/missing.txt"), "not found", 1},

@@ -12,7 +12,7 @@ using namespace train_test;
 // Non-default options everywhere: a resume that fell back to defaults would show.
 // (The schedule stays constant: a cosine schedule depends on --steps, which the resume raises.)
 const char* kRunOptions = "--seq-len 24 --batch 3 --lr 1e-3 --weight-decay 0.01 --warmup 2 --clip-grad 0.25 "
-                          "--seed 7 --save-every 2 --max-seq-len 24";
+                          "--seed 7 --save-every 2 --max-seq-len 24 --adam-beta1 0.8 --adam-beta2 0.95";
 
 TEST(ResumeCli, RestoresTheSavedConfigurationAndContinuesExactly) {
   TempRun t;
@@ -38,6 +38,8 @@ TEST(ResumeCli, RestoresTheSavedConfigurationAndContinuesExactly) {
   EXPECT_EQ(cfg["train"]["weight_decay"], 0.01);
   EXPECT_EQ(cfg["train"]["warmup"], 2);
   EXPECT_EQ(cfg["train"]["clip_grad"], 0.25);
+  EXPECT_EQ(cfg["train"]["adam_beta1"], 0.8);
+  EXPECT_EQ(cfg["train"]["adam_beta2"], 0.95);
   EXPECT_EQ(cfg["train"]["seed"], 7);
   EXPECT_EQ(cfg["train"]["steps"], 6);
   EXPECT_EQ(flashcos::model::read_checkpoint_meta(t.run_dir("part") + "/latest.pt").state.step, 6);
