@@ -108,7 +108,7 @@ int run_train(int argc, char** argv) {
       ("warmup", "linear warmup steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.warmup)))
       ("schedule", "constant | cosine", cxxopts::value<std::string>()->default_value(d.schedule))
       ("min-lr-ratio", "cosine schedule floor, as a fraction of --lr", cxxopts::value<double>()->default_value("0.1"))
-      ("seed-recipe", "the seed's recipe instead of the default: lr 2e-4, constant, no warmup (an explicit --lr, --warmup or --schedule still wins)")
+      ("seed-recipe", "the seed's recipe instead of the default: lr 2e-4, constant, no warmup, Adam betas 0.9, 0.999 (an explicit --lr, --warmup, --schedule or --adam-beta2 still wins)")
       ("weight-decay", "AdamW weight decay (0: Adam)", cxxopts::value<double>()->default_value("0"))
       ("adam-beta1", "Adam(W) first-moment decay", cxxopts::value<double>()->default_value(strf("%g", d.adam_beta1)))
       ("adam-beta2", "Adam(W) second-moment decay", cxxopts::value<double>()->default_value(strf("%g", d.adam_beta2)))
@@ -153,14 +153,15 @@ int run_train(int argc, char** argv) {
     c.warmup = r["warmup"].as<int64_t>();
     c.schedule = r["schedule"].as<std::string>();
     c.min_lr_ratio = r["min-lr-ratio"].as<double>();
+    c.adam_beta2 = r["adam-beta2"].as<double>();
     if (r.count("seed-recipe")) {
       if (!r.count("lr")) c.lr = 2e-4;
       if (!r.count("warmup")) c.warmup = 0;
       if (!r.count("schedule")) c.schedule = "constant";
+      if (!r.count("adam-beta2")) c.adam_beta2 = 0.999;
     }
     c.weight_decay = r["weight-decay"].as<double>();
     c.adam_beta1 = r["adam-beta1"].as<double>();
-    c.adam_beta2 = r["adam-beta2"].as<double>();
     c.clip_grad = r["clip-grad"].as<double>();
     c.precision = r["precision"].as<std::string>();
     c.seed = r["seed"].as<uint64_t>();

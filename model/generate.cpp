@@ -31,6 +31,10 @@
 namespace flashcos::model {
 namespace {
 
+double seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
 bool env_off(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, "0") == 0;
@@ -87,15 +91,21 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
       auto window = window_of(context);
       last = model->forward(window).select(1, window.size(1) - 1);
     }
+    const auto t_wait = std::chrono::steady_clock::now();
     auto logits = last.to(at::kFloat).cpu();  // (1, vocab)
-    if (t == 0 && info) info->prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    const auto t_sample = std::chrono::steady_clock::now();
+    if (t == 0 && info) info->prefill_s = seconds(t_start, t_sample);
+    if (t > 0 && info) info->wait_s += seconds(t_wait, t_sample);
     auto top = logits.topk(top_k, -1);
     auto probs = (std::get<0>(top) / opts.temperature).softmax(-1);
     auto pick = at::multinomial(probs, 1, /*replacement=*/false, gen);
     const int64_t token = std::get<1>(top).gather(-1, pick).item<int64_t>();
+    const auto t_sampled = std::chrono::steady_clock::now();
+    if (info) info->sample_s += seconds(t_sample, t_sampled);
     out.push_back(token);
     if (on_token) on_token(token);
     if (t + 1 == opts.length) break;
+    const auto t_enqueue = std::chrono::steady_clock::now();
     if (decoder && model->can_cache(decoder->next_pos(), 1)) {
       last = decoder->step(token);
     } else if (decoder) {
@@ -107,6 +117,7 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
       cached = false;  // learned positions past max_seq_len: the windowed path from here on
       cache = KVCache();
     }
+    if (info) info->enqueue_s += seconds(t_enqueue, std::chrono::steady_clock::now());
   }
   if (info) info->decode = decoder ? decoder->name() : cached ? "cached" : "window";
   if (was_training) model->train();

@@ -32,6 +32,9 @@ struct SampleOptions {
 struct GenerateInfo {
   std::string decode;  // "cuda graph", "static", "static (no graph)", "cached", "window"
   double prefill_s = 0;  // wall seconds until the prime's logits were on the host (prefill, decoder set-up)
+  // After the prefill, where each byte's wall time went: queueing its decode step on the device
+  // (host), waiting for its logits to reach the host (device time not hidden), and sampling (host).
+  double enqueue_s = 0, wait_s = 0, sample_s = 0;
 };
 
 // prime (1, n) int64 on the model's device -> (1, length) generated tokens (CPU, int64).

@@ -138,7 +138,7 @@ if has quality; then
   for q in ${QUALITY_RUNS:-seed cosine}; do
     case $q in
       default) quality_run default ;;
-      seed) quality_run seed --lr 2e-4 --warmup 0 --schedule constant ;;
+      seed) quality_run seed --seed-recipe ;;
       cosine) quality_run cosine --lr 1e-3 --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
       cosine2e-3|cosine3e-3) quality_run $q --lr ${q#cosine} --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
       learned) quality_run learned --pos learned --lr 2e-4 --warmup 0 --schedule constant ;;
@@ -163,12 +163,19 @@ if has sample; then
   ck=$(ls -td "$CK"/q-* 2>/dev/null | head -1)
   t0=$(date +%s.%N); "$TRAIN" --help > /dev/null 2>&1
   row "process start + exit (--help)" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}') s wall"
-  sample_run 1 1
-  sample_run 2048 2048
-  sample_run 2048-again 2048
-  sample_run 16384 16384
-  sample_run 2048-torch-ops 2048 FLASHCOS_DECODE_KERNEL=0
-  sample_run 2048-no-graph 2048 FLASHCOS_DECODE_GRAPH=0
+  for s in ${SAMPLE_RUNS:-1 2048 2048-again 16384 2048-torch-ops 2048-no-graph}; do
+    case $s in
+      2048-torch-ops) sample_run $s 2048 FLASHCOS_DECODE_KERNEL=0 ;;
+      2048-no-graph) sample_run $s 2048 FLASHCOS_DECODE_GRAPH=0 ;;
+      *) sample_run $s "${s%%-*}" ;;
+    esac
+  done
+  # SAMPLE_NCU=1: GPU time of every kernel of a 6-byte sample (prefill, then five decode steps) as CSV.
+  if [ "${SAMPLE_NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        "$TRAIN" sample --checkpoint "$ck" --data "$DATA" --length 6 --seed 1 > "$LOG/sample_ncu.csv" 2> "$LOG/sample_ncu.err"
+    row "sample ncu (6 bytes)" "rc $?: $(grep -c gpu__time_duration "$LOG/sample_ncu.csv") kernels in sample_ncu.csv"
+  fi
 fi
 
 if has matrix; then
