@@ -18,6 +18,7 @@
 #include "app/commands.h"
 #include "common/log.h"
 #include "data/corpus.h"
+#include "model/autocast.h"
 #include "model/checkpoint.h"
 #include "model/device.h"
 #include "model/generate.h"
@@ -61,6 +62,8 @@ int run_sample(int argc, char** argv) {
       ("device", "auto | cuda | cpu", cxxopts::value<std::string>()->default_value("auto"))
       ("attention-impl", "plain | sdpa | tiled | fused (default: the checkpoint's; tiled when fused cannot run here)",
        cxxopts::value<std::string>())
+      ("precision", "auto | bf16 | fp32 (auto: bf16 on CUDA, as the trainer computes, fp32 on the CPU)",
+       cxxopts::value<std::string>()->default_value("auto"))
       ("stream", "print bytes as they are generated")
       ("h,help", "print this help");
   cxxopts::ParseResult r;
@@ -81,6 +84,10 @@ int run_sample(int argc, char** argv) {
                                        free_bytes / 1073741824.0));
     }
     if (r["prime-length"].as<int64_t>() < 1) throw std::invalid_argument("--prime-length must be >= 1");
+    std::string precision = r["precision"].as<std::string>();
+    if (precision != "auto" && precision != "bf16" && precision != "fp32") {
+      throw std::invalid_argument("--precision must be auto, bf16 or fp32, got '" + precision + "'");
+    }
     // Start-up, timed for the breakdown line, in parallel: a second thread brings the device up (driver, CUDA context, cuBLAS
     // handles: model::warm_up) while this one reads the checkpoint into host memory; the weights
     // move once both are done. "device wait" is whatever of the device's start-up the read did not hide.
@@ -128,14 +135,19 @@ int run_sample(int argc, char** argv) {
     std::printf("%s", data::decode_bytes(prime).c_str());
     std::fflush(stdout);
     const bool stream = r.count("stream") > 0;
+    if (precision == "auto") precision = device.is_cuda() ? "bf16" : "fp32";
     const auto t0 = std::chrono::steady_clock::now();
     model::GenerateInfo info;
-    auto out = model::generate(gpt, prime.to(device), so, [&](int64_t token) {
-      if (stream) {
-        std::printf("%s", data::decode_bytes(at::full({1}, token, at::kLong)).c_str());
-        std::fflush(stdout);
-      }
-    }, &info);
+    at::Tensor out;
+    {
+      model::AutocastScope autocast(precision == "bf16", device.type(), at::kBFloat16);
+      out = model::generate(gpt, prime.to(device), so, [&](int64_t token) {
+        if (stream) {
+          std::printf("%s", data::decode_bytes(at::full({1}, token, at::kLong)).c_str());
+          std::fflush(stdout);
+        }
+      }, &info);
+    }
     if (!stream) std::printf("%s", data::decode_bytes(out).c_str());
     std::printf("\n");
     const auto t_end = std::chrono::steady_clock::now();
@@ -145,11 +157,11 @@ int run_sample(int argc, char** argv) {
     };
     // One stderr line (tests and scripts drop it whole): the rate, then where the wall time went.
     std::fprintf(stderr,
-                 "generated %lld bytes in %.3f s (%.1f bytes/s, %s; before main %.3f s, options %.3f s, checkpoint read"
+                 "generated %lld bytes in %.3f s (%.1f bytes/s, %s, %s; before main %.3f s, options %.3f s, checkpoint read"
                  " %.3f s, device wait %.3f s, weights to device %.3f s, prime %.3f s, prefill %.3f s, generation %.3f s"
                  " = enqueue %.3f + wait %.3f + sampling %.3f + other; %.3f s since start)\n",
                  static_cast<long long>(out.numel()), secs, static_cast<double>(out.numel()) / std::max(secs, 1e-9),
-                 so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache", before_main,
+                 so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache", precision.c_str(), before_main,
                  span(t_main, t_load), span(t_load, t_read), span(t_read, t_device), span(t_device, t_prime),
                  span(t_prime, t0), info.prefill_s, std::max(secs - info.prefill_s, 0.0), info.enqueue_s, info.wait_s,
                  info.sample_s, seconds_since_process_start());

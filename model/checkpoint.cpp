@@ -201,7 +201,7 @@ GPT load_model(const std::string& path, const torch::Device& device, CheckpointM
     meta.model.attention_impl = impl;
     meta.model.validate();
   }
-  GPT model(meta.model);
+  GPT model(meta.model, /*initialise=*/false);  // every weight comes from the file
   load_from_archive(archive, path, model, nullptr);
   model->to(device);
   model->eval();

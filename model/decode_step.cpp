@@ -15,6 +15,7 @@
 #include <flashcos/l2norm.h>
 #include <flashcos/rotary.h>
 
+#include "model/decode/decode_linear.h"
 #include "model/fused/add_layer_norm.h"
 
 namespace flashcos::model {
@@ -88,7 +89,48 @@ StaticDecoder::StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarTyp
   pos_ = at::full({1}, n, f32.dtype(at::kLong));
   logits_ = at::zeros({1, cfg_.vocab}, f32);
   next_pos_ = n;
-  if (fused_decode_attention_available(cfg_, device)) set_fused_attention(true);
+  if (fused_decode_attention_available(cfg_, device)) {
+    set_fused_attention(true);
+    if (fused_linear_applies()) set_fused_linear(true);
+  }
+}
+
+bool StaticDecoder::fused_linear_applies() const {
+  const auto device = token_.device();
+  const auto& b = blocks_.front();
+  for (const auto& w : {b.wqkv, b.wout, b.ff_in_w, b.ff_out_w, logits_w_}) {
+    if (!decode_linear_available(device, w.size(1))) return false;
+  }
+  return true;
+}
+
+void StaticDecoder::set_fused_linear(bool on) {
+  if (on && !fused_linear_) {
+    if (!fused_attn_ || !fused_linear_applies()) {
+      throw std::invalid_argument("StaticDecoder: the fused decode linears need the fused decode attention, CUDA and"
+                                  " layer widths that are multiples of 8 up to 2048 (and FLASHCOS_DECODE_LINEAR not 0)");
+    }
+    const auto opts = token_.options().dtype(cd_);
+    qkv_out_ = at::zeros({1, blocks_.front().wqkv.size(0)}, opts);
+    ff_hidden_ = at::zeros({1, blocks_.front().ff_in_w.size(0)}, opts);
+  }
+  fused_linear_ = on;
+}
+
+void StaticDecoder::run_step_fused_linear() {
+  at::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::Tensor none;
+  auto x = at::embedding(token_emb_, token_.view({1})).to(at::kFloat);  // (1, C) residual stream, float32
+  for (auto& blk : blocks_) {
+    decode_linear(x, blk.wqkv, none, qkv_out_, blk.norm_attn_w, blk.norm_attn_b, eps_attn_, false, false);
+    fused_decode_attention(cfg_, qkv_out_, blk.k, blk.v, attn_out_, pos_, inv_freq_, attn_scratch_);
+    decode_linear(attn_out_, blk.wout, none, x, none, none, 0, false, true);
+    decode_linear(x, blk.ff_in_w, blk.ff_in_b, ff_hidden_, blk.norm_ff_w, blk.norm_ff_b, eps_ff_, true, false);
+    decode_linear(ff_hidden_, blk.ff_out_w, blk.ff_out_b, x, none, none, 0, false, true);
+  }
+  decode_linear(x, logits_w_, logits_b_, logits_, norm_out_w_, norm_out_b_, eps_out_, false, false);
+  pos_.add_(1);
 }
 
 void StaticDecoder::set_fused_attention(bool on) {
@@ -104,6 +146,7 @@ void StaticDecoder::set_fused_attention(bool on) {
     attn_scratch_ = make_decode_attention_scratch(cfg_, device);
     attn_out_ = at::zeros({1, cfg_.heads * cfg_.dim_head}, token_.options().dtype(cd_));
   }
+  if (!on) fused_linear_ = false;  // the fused linears run only beside the fused attention
   fused_attn_ = on;
 }
 
@@ -120,6 +163,7 @@ at::Tensor StaticDecoder::prepare(const at::Tensor& t, const at::Tensor& cs, con
 }
 
 void StaticDecoder::run_step() {
+  if (fused_linear_) return run_step_fused_linear();
   at::NoGradGuard no_grad;
   // The precision is explicit (decode_step.h); autocast must not recast inside the step.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);

@@ -56,6 +56,11 @@ class StaticDecoder {
   // it on where it does not apply throws std::invalid_argument; set it before the first step.
   bool fused_attention() const { return fused_attn_; }
   void set_fused_attention(bool on);
+  // Whether the step's linear layers run as one-row kernels with their LayerNorm, bias, GELU and
+  // residual add folded in (model/decode/decode_linear.h; needs the fused attention; on by default
+  // where both apply, FLASHCOS_DECODE_LINEAR=0 turns it off). Set it before the first step.
+  bool fused_linear() const { return fused_linear_; }
+  void set_fused_linear(bool on);
 
  protected:
   // token_ (1, 1) int64 at position pos_ -> logits_ (1, vocab) float32; writes the token's key and
@@ -81,8 +86,14 @@ class StaticDecoder {
   bool fused_attn_ = false;
   DecodeAttentionScratch attn_scratch_;  // the fused kernel's split-KV scratch
   at::Tensor attn_out_;                  // (1, NH HS) compute_dtype: its output
+  bool fused_linear_ = false;
+  at::Tensor qkv_out_, ff_hidden_;  // (1, 3 NH HS), (1, ff) compute_dtype: the fused linears' outputs
 
  private:
+  // run_step with the fused linear layers: per block LN + qkv, attention, x += out proj,
+  // LN + ff_in + GELU, x += ff_out; then LN + logits.
+  void run_step_fused_linear();
+  bool fused_linear_applies() const;
   // (1, 2, NH, 1, HS) q and k -> normalised / rotated (cs, sn: cos / sin of the angles), float32
   at::Tensor prepare(const at::Tensor& t, const at::Tensor& cs, const at::Tensor& sn) const;
 };

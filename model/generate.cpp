@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/DistributionsHelper.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -23,6 +24,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <stdexcept>
 
 #include "model/decode_graph.h"
@@ -33,6 +36,44 @@ namespace {
 
 double seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// One byte from logits (vocab): keep the top_k largest (ties to the lower index), softmax of
+// logit / temperature over them in double, then one uniform draw from `gen` walks the cumulative
+// probabilities. Plain loops over a few hundred floats: a per-byte cost of microseconds, where the
+// same steps as ATen ops cost tens of dispatches.
+int64_t sample_top_k(const float* logits, int64_t vocab, int64_t top_k, double temperature, at::Generator& gen,
+                     std::vector<int64_t>& order) {
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (!std::isfinite(logits[i])) {
+      throw std::runtime_error("generate: the model's logits are not finite (NaN or inf): a diverged checkpoint?");
+    }
+    order[static_cast<size_t>(i)] = i;
+  }
+  const auto keep = order.begin() + std::min(top_k, vocab);
+  std::partial_sort(order.begin(), keep, order.end(), [&](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  const double top = logits[order.front()];
+  double total = 0;
+  std::vector<double> weights;
+  weights.reserve(static_cast<size_t>(keep - order.begin()));
+  for (auto it = order.begin(); it != keep; ++it) {
+    weights.push_back(std::exp((static_cast<double>(logits[*it]) - top) / temperature));
+    total += weights.back();
+  }
+  double u;
+  {
+    auto* g = gen.get<at::CPUGeneratorImpl>();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    at::uniform_real_distribution<double> uniform(0.0, 1.0);
+    u = uniform(g) * total;
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    u -= weights[i];
+    if (u < 0) return order[i];
+  }
+  return order[weights.size() - 1];  // u within rounding of total
 }
 
 bool env_off(const char* name) {
@@ -67,6 +108,9 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
   const int64_t max_len = model->config().max_seq_len;
   const int64_t top_k = std::max<int64_t>(1, static_cast<int64_t>(std::lround((1.0 - opts.filter_thres) * vocab)));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
+  // The newest logits land here (page-locked when they come from a GPU); sampling is plain loops.
+  const auto host_logits = at::empty({vocab}, at::TensorOptions().dtype(at::kFloat).pinned_memory(prime.is_cuda()));
+  std::vector<int64_t> order(static_cast<size_t>(vocab));
   auto window_of = [&](const at::Tensor& c) { return c.size(1) > max_len ? c.slice(1, c.size(1) - max_len) : c; };
 
   const auto t_start = std::chrono::steady_clock::now();
@@ -92,14 +136,11 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
       last = model->forward(window).select(1, window.size(1) - 1);
     }
     const auto t_wait = std::chrono::steady_clock::now();
-    auto logits = last.to(at::kFloat).cpu();  // (1, vocab)
+    host_logits.copy_(last.view({vocab}));  // waits for the step
     const auto t_sample = std::chrono::steady_clock::now();
     if (t == 0 && info) info->prefill_s = seconds(t_start, t_sample);
     if (t > 0 && info) info->wait_s += seconds(t_wait, t_sample);
-    auto top = logits.topk(top_k, -1);
-    auto probs = (std::get<0>(top) / opts.temperature).softmax(-1);
-    auto pick = at::multinomial(probs, 1, /*replacement=*/false, gen);
-    const int64_t token = std::get<1>(top).gather(-1, pick).item<int64_t>();
+    const int64_t token = sample_top_k(host_logits.data_ptr<float>(), vocab, top_k, opts.temperature, gen, order);
     const auto t_sampled = std::chrono::steady_clock::now();
     if (info) info->sample_s += seconds(t_sample, t_sampled);
     out.push_back(token);

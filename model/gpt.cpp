@@ -214,7 +214,7 @@ torch::Tensor BlockImpl::forward_cached(torch::Tensor x, LayerCache& cache, int6
   return x + ff_out_(F::gelu(ff_in_(norm_ff_(x))));
 }
 
-GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
+GPTImpl::GPTImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
   cfg.validate();
   token_emb_ = register_module("token_emb", torch::nn::Embedding(cfg.vocab, cfg.dim));
   if (cfg.pos == "learned") pos_emb_ = register_module("pos_emb", torch::nn::Embedding(cfg.max_seq_len, cfg.dim));
@@ -223,6 +223,7 @@ GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
   norm_out_ = register_module("norm_out", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
   to_logits_ = register_module("to_logits", torch::nn::Linear(cfg.dim, cfg.vocab));
   // GPT-style init: N(0, 0.02) weights, zero biases; the initial loss is then ~ln(256).
+  if (!initialise) return;
   torch::NoGradGuard no_grad;
   for (auto& p : named_parameters()) {
     if (p.key().find("norm") != std::string::npos) continue;  // LayerNorms keep 1 / 0

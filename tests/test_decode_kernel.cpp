@@ -3,7 +3,8 @@
 //    ring write at pos mod L, softmax / exp attention over the filled slots) on fresh random
 //    inputs, with the output and the unfilled slots poisoned (NaN): the output must be all new,
 //    the new slot must hold k, v and every other slot must be untouched;
-//  - the static decoder with the kernel against the same decoder on torch ops, step by step past
+//  - the static decoder with the kernel (and the fused one-row linears, decode_linear.h) against the
+//    same decoder on torch ops, step by step past
 //    max_seq_len so the ring wraps (float32 within 1e-5, bf16 within 1e-2 on the logits).
 #include <gtest/gtest.h>
 
@@ -178,6 +179,7 @@ TEST_P(DecodeKernelStep, SameLogitsAsTorchOps) {
     m->forward_cached(tokens.narrow(1, 0, prime).to(torch::kCUDA), c);
     StaticDecoder fused(m, a, dtype), ops(m, b, dtype), ref(m, c, at::kFloat);
     ASSERT_TRUE(fused.fused_attention());
+    ASSERT_TRUE(fused.fused_linear());  // dim 48, every width a multiple of 8: the one-row linears too
     ops.set_fused_attention(false);
     ref.set_fused_attention(false);
     at::Tensor previous;

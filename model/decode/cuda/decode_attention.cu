@@ -4,7 +4,8 @@
 //   lanes take one key each (8 features per lane, 16-byte loads), the dot product by T-lane
 //   shuffles, and accumulate P_j V_j and P_j in float32 registers; the block sums its groups into
 //   one partial row (sum P V, sum P) and the last block of the head (atomic counter) combines the
-//   `splits` partial rows in a fixed order.
+//   partial rows in a fixed order. Of the `splits` blocks per head only ceil(n / 64) (at most
+//   `splits`) work: the rest return before touching anything.
 #include "model/decode/cuda/decode_attention.h"
 
 #include <algorithm>
@@ -20,6 +21,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxHead = 256;
 constexpr int kPerThread = kMaxHead / kThreads;  // q / k features one thread prepares
+constexpr int kMinKeysPerSplit = 64;
 
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionParams p) {
   __shared__ float q_s[kMaxHead];
@@ -27,10 +29,15 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   __shared__ float red[kWarps][kMaxHead + 1];
   __shared__ bool last_block;
 
-  const int h = blockIdx.x, split = blockIdx.y, S = p.splits;
   const int HS = p.head_dim, L = p.max_len, gs = HS / p.groups, inner = p.heads * HS;
   const int64_t pos = *p.pos;
   const int n = static_cast<int>(pos + 1 < L ? pos + 1 : L);  // filled slots 0 .. n - 1
+  // The launch has p.splits blocks per head (fixed: a CUDA graph replays one launch); only the
+  // first S take part, at least kMinKeysPerSplit keys each, so a short context does not pay for
+  // dozens of near-empty blocks and their combine. The rest leave at once.
+  const int h = blockIdx.x, split = blockIdx.y;
+  const int S = max(1, min(p.splits, (n + kMinKeysPerSplit - 1) / kMinKeysPerSplit));
+  if (split >= S) return;
   const int s = static_cast<int>(pos % L);                     // this token's slot
   const int chunk = (n + S - 1) / S;
   const int begin = min(n, split * chunk), end = min(n, begin + chunk);

@@ -7,8 +7,8 @@
 //   P_j = exp(scale q.k_j - shift)  over the filled slots j < n = min(pos + 1, L)
 //   cosine (normalize):  o = sum_j P_j V_j / sum_j P_j     exp:  o = sum_j P_j V_j   (shift 0)
 // Since |q_g| = |k_g| = 1 the logits are bounded by scale G: cosine takes shift = scale G, so
-// P_j <= 1 and no running maximum is needed. The n slots are split over `splits` blocks per head
-// (split-KV); each writes its fp32 partial (sum P_j V_j, sum P_j) and the last block of a head to
+// P_j <= 1 and no running maximum is needed. The n slots are split over S = min(splits,
+// ceil(n / 64)) blocks per head (split-KV; the launch always has `splits`, the others exit); each writes its fp32 partial (sum P_j V_j, sum P_j) and the last block of a head to
 // finish (an atomic counter, reset by it) combines them into o. The block whose range holds slot s
 // writes the new key and value before it reads its range; no other block reads slot s.
 // Every tensor is in `dtype` (fp32 / bf16 / fp16); HS = 8 * 2^k <= 256, gs even.
