@@ -22,6 +22,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxHead = 256;
 constexpr int kPerThread = kMaxHead / kThreads;  // q / k features one thread prepares
 constexpr int kMinKeysPerSplit = 64;
+constexpr int kUnroll = 4;  // keys per group whose loads are in flight together
 
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionParams p) {
   __shared__ float q_s[kMaxHead];
@@ -106,24 +107,34 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   float q[kVec], acc[kVec], l = 0.f;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) q[i] = q_s[sub * kVec + i], acc[i] = 0.f;
-  for (int base = begin; base < end; base += groups) {  // the same trip count for the whole block
-    const int j = base + group;
-    const bool valid = j < end;
-    float kr[kVec], vr[kVec];
-    float dot = 0.f;
-    if (valid) {
-      const int64_t off = head_base + int64_t(j) * HS + sub * kVec;
-      load8(p.k_cache, p.dtype, off, kr);
-      load8(p.v_cache, p.dtype, off, vr);
+  // kUnroll keys per group per round, all loads issued before any is used (one memory latency
+  // per round, not per key). The same trip count for the whole block.
+  for (int base = begin; base < end; base += groups * kUnroll) {
+    float kr[kUnroll][kVec], vr[kUnroll][kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) dot = fmaf(q[i], kr[i], dot);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * groups + group;
+      if (j < end) {
+        const int64_t off = head_base + int64_t(j) * HS + sub * kVec;
+        load8(p.k_cache, p.dtype, off, kr[u]);
+        load8(p.v_cache, p.dtype, off, vr[u]);
+      }
     }
-    for (int m = T / 2; m >= 1; m >>= 1) dot += __shfl_xor_sync(kFullMask, dot, m);
-    if (valid) {
-      const float pj = expf(p.scale * dot - p.shift);
-      l += pj;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] = fmaf(pj, vr[i], acc[i]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool valid = base + u * groups + group < end;
+      float dot = 0.f;
+      if (valid) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) dot = fmaf(q[i], kr[u][i], dot);
+      }
+      for (int m = T / 2; m >= 1; m >>= 1) dot += __shfl_xor_sync(kFullMask, dot, m);
+      if (valid) {
+        const float pj = expf(p.scale * dot - p.shift);
+        l += pj;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(pj, vr[u][i], acc[i]);
+      }
     }
   }
   // Sum the groups of each warp (lanes with the same `sub`), then the warps.
@@ -139,6 +150,19 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
     if (lane == 0) red[warp][HS] = l;
   }
   __syncthreads();
+  if (S == 1) {  // one block holds the whole row: no partials, no combine
+    float total_l = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total_l += red[w][HS];
+    const float inv_l = p.normalize ? 1.f / total_l : 1.f;
+    for (int t = threadIdx.x; t < HS; t += kThreads) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += red[w][t];
+      store1(p.out, p.dtype, int64_t(h) * HS + t, v * inv_l);
+    }
+    return;
+  }
   float* partial = p.partials + (int64_t(h) * S + split) * (HS + 1);
   for (int t = threadIdx.x; t <= HS; t += kThreads) {
     float v = 0.f;

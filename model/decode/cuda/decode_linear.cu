@@ -1,5 +1,6 @@
 // The decode step's one-row linear layer (math in decode_linear.h).
-//   grid ceil(N / 4), 128 threads. Every block stages x in shared memory as float32 and, with a
+//   grid ceil(N / 4), 128 threads. Each warp first issues the loads of its row of W (they do not
+//   depend on x), then every block stages x in shared memory as float32 and, with a
 //   LayerNorm, normalises it there (block sums for the mean, then the centred variance). Each lane
 //   then keeps its slice of h in registers: chunk c = lane + 32 i of 8 features. Each warp takes
 //   one output row: all of its weight loads issued first (16-byte loads, up to 8 per lane in
@@ -29,11 +30,33 @@ __device__ float block_sum(float v, float* red) {
   return total;
 }
 
+// Loads the lane's chunks of row `row` of W (zeros past K).
+template <int kChunks>
+__device__ __forceinline__ void load_row(const DecodeLinearParams& p, int row, int lane, float (&wr)[kChunks][kVec]) {
+  const int chunks = p.k / kVec;
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = lane + 32 * i;
+    if (c < chunks) {
+      load8(p.w, p.w_dtype, int64_t(row) * p.k + c * kVec, wr[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) wr[i][j] = 0.f;
+    }
+  }
+}
+
 template <int kChunks>  // chunks of 8 features per lane: ceil(K / 256)
 __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLinearParams p) {
   __shared__ __align__(16) float xs[kDecodeLinearMaxK];
   __shared__ float red[kWarps];
-  const int K = p.k;
+  const int K = p.k, lane = threadIdx.x % 32, warp = threadIdx.x / 32, chunks = K / kVec;
+  // The first row's weights do not depend on x: their loads go out before x's, so the two
+  // memory latencies overlap.
+  int row = blockIdx.x * kWarps + warp;
+  float wr[kChunks][kVec];
+  if (row < p.n) load_row<kChunks>(p, row, lane, wr);
+#pragma unroll 4
   for (int k = threadIdx.x; k < K; k += kThreads) xs[k] = load1(p.x, p.x_dtype, k);
   if (p.ln_gamma != nullptr) {
     // Each thread reads back only the features it wrote: no barrier before the sums' own.
@@ -52,7 +75,6 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
   }
   __syncthreads();
 
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, chunks = K / kVec;
   float h[kChunks][kVec];
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
@@ -60,18 +82,7 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
 #pragma unroll
     for (int j = 0; j < kVec; ++j) h[i][j] = c < chunks ? xs[c * kVec + j] : 0.f;
   }
-  for (int row = blockIdx.x * kWarps + warp; row < p.n; row += gridDim.x * kWarps) {
-    float wr[kChunks][kVec];
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = lane + 32 * i;
-      if (c < chunks) {
-        load8(p.w, p.w_dtype, int64_t(row) * K + c * kVec, wr[i]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) wr[i][j] = 0.f;
-      }
-    }
+  for (; row < p.n; row += gridDim.x * kWarps) {
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
@@ -88,6 +99,8 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
         store1(p.out, p.out_dtype, row, y);
       }
     }
+    const int next = row + gridDim.x * kWarps;
+    if (next < p.n) load_row<kChunks>(p, next, lane, wr);
   }
 }
 
