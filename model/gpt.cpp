@@ -43,6 +43,16 @@ void log_sdpa_backend(const torch::Tensor& q, const torch::Tensor& k, const torc
   });
 }
 
+// sum = x + r (r undefined: x) and LayerNorm(sum): on CUDA one fused kernel each way that writes
+// the norm in the next GEMM's dtype (model/fused/add_layer_norm.h), else libtorch ops.
+fused::AddLayerNormOut add_norm(const torch::Tensor& x, const torch::Tensor& r, torch::nn::LayerNorm& norm) {
+  if (fused::fused_ops_enabled(x)) {
+    return fused::add_layer_norm(x, r, norm->weight, norm->bias, norm->options.eps(), fused::activation_dtype(x));
+  }
+  auto sum = r.defined() ? x + r : x;
+  return {sum, norm(sum)};
+}
+
 }  // namespace
 
 AttentionImpl::AttentionImpl(const ModelConfig& cfg) : cfg_(cfg) {
@@ -197,16 +207,10 @@ BlockImpl::BlockImpl(const ModelConfig& cfg) {
   ff_out_ = register_module("ff_out", torch::nn::Linear(4 * cfg.dim, cfg.dim));
 }
 
-torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  if (fused::fused_ops_enabled(x)) {
-    // The norms write the GEMMs' dtype directly; the add before norm_ff is fused into it.
-    const auto dt = fused::activation_dtype(x);
-    auto h = fused::layer_norm(x, norm_attn_->weight, norm_attn_->bias, norm_attn_->options.eps(), dt);
-    auto res = fused::add_layer_norm(x, attn_(h), norm_ff_->weight, norm_ff_->bias, norm_ff_->options.eps(), dt);
-    return res.sum + ff_out_(F::gelu(ff_in_(res.normed)));
-  }
-  x = x + attn_(norm_attn_(x));
-  return x + ff_out_(F::gelu(ff_in_(norm_ff_(x))));
+Residual BlockImpl::forward(const Residual& in) {
+  auto a = add_norm(in.x, in.pending, norm_attn_);
+  auto f = add_norm(a.sum, attn_(a.normed), norm_ff_);
+  return {f.sum, ff_out_(F::gelu(ff_in_(f.normed)))};
 }
 
 torch::Tensor BlockImpl::forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos) {
@@ -235,9 +239,12 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
   }
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) { return to_logits_(norm_out_(trunk(tokens))); }
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
+  const auto r = trunk(tokens);
+  return to_logits_(add_norm(r.x, r.pending, norm_out_).normed);
+}
 
-torch::Tensor GPTImpl::trunk(const torch::Tensor& tokens) {
+Residual GPTImpl::trunk(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   auto x = token_emb_(tokens);
   if (cfg_.pos == "learned") {
@@ -245,8 +252,9 @@ torch::Tensor GPTImpl::trunk(const torch::Tensor& tokens) {
                 cfg_.max_seq_len, " (learned positions)");
     x = x + pos_emb_(torch::arange(T, tokens.options())).unsqueeze(0);
   }
-  for (const auto& block : *blocks_) x = block->as<Block>()->forward(x);
-  return x;
+  Residual r{x, {}};
+  for (const auto& block : *blocks_) r = block->as<Block>()->forward(r);
+  return r;
 }
 
 bool GPTImpl::can_cache(int64_t next_pos, int64_t n) const {
@@ -281,15 +289,15 @@ torch::Tensor GPTImpl::forward_cached(const torch::Tensor& tokens, KVCache& cach
 torch::Tensor GPTImpl::loss(const torch::Tensor& window) {
   auto input = window.slice(1, 0, window.size(1) - 1);
   auto target = window.slice(1, 1, window.size(1));
-  auto x = trunk(input);
-  if (fused::fused_ops_enabled(x)) {
-    // Final norm in the classifier's dtype, then the chunked classifier + cross-entropy: the
-    // float32 (B T, 256) logits are never written.
-    const auto dt = fused::activation_dtype(x);
-    auto h = fused::layer_norm(x, norm_out_->weight, norm_out_->bias, norm_out_->options.eps(), dt);
+  const auto r = trunk(input);
+  if (fused::fused_ops_enabled(r.x)) {
+    // Final add + norm in the classifier's dtype, then the chunked classifier + cross-entropy:
+    // the float32 (B T, 256) logits are never written.
+    const auto dt = fused::activation_dtype(r.x);
+    auto h = add_norm(r.x, r.pending, norm_out_).normed;
     return fused::classifier_cross_entropy(h, to_logits_->weight, to_logits_->bias, target.reshape({-1}), dt);
   }
-  auto logits = to_logits_(norm_out_(x));
+  auto logits = to_logits_(add_norm(r.x, r.pending, norm_out_).normed);
   return F::cross_entropy(logits.reshape({-1, cfg_.vocab}).to(torch::kFloat), target.reshape({-1}));
 }
 

@@ -53,10 +53,21 @@ class AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Attention);
 
+// The residual stream between blocks: x, plus the last block's feed-forward output `pending`
+// (undefined when none) that the next LayerNorm adds in the same pass as it normalises (one
+// fused add + LayerNorm kernel on CUDA, model/fused/add_layer_norm.h) instead of a separate
+// float32 add over the whole stream. sum() is the stream itself.
+struct Residual {
+  torch::Tensor x, pending;
+  torch::Tensor sum() const { return pending.defined() ? x + pending : x; }
+};
+
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& cfg);
-  torch::Tensor forward(torch::Tensor x);
+  // x + attn(norm_attn(x)), then + ff(norm_ff(.)), with x = in.sum(); the feed-forward's output is
+  // returned as `pending`, not yet added.
+  Residual forward(const Residual& in);
   torch::Tensor forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos);
 
  private:
@@ -84,7 +95,7 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   // The residual stream after the last block, before the final norm: (B, T) -> (B, T, C).
-  torch::Tensor trunk(const torch::Tensor& tokens);
+  Residual trunk(const torch::Tensor& tokens);
   ModelConfig cfg_;
   torch::nn::Embedding token_emb_{nullptr}, pos_emb_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};

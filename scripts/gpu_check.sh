@@ -7,7 +7,7 @@
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
 # causal or not, after running the d64 / d128 CUDA test cases with that variant.
 # profile: GPU time per kernel (train --profile-steps) of the sdpa and fused runs at seq 8192, batch 4,
-# grad-accum 1 (PROFILE_STEPS, default 4); the reports go to the log folder.
+# grad-accum 1 (PROFILE_STEPS, default 4; PROFILE_IMPLS, default "sdpa fused"); the reports go to the log folder.
 # matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384,
 # MATRIX_ROUNDS (default 2) rounds per configuration (bench --rounds).
 # fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
@@ -20,6 +20,8 @@
 # name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
 # unfused-8192 fused-1024 ddp1-8192).
+# tests: TESTS_FILTER (a gtest filter for the one-process run), TESTS_CTEST=0 skips the ./train-process
+# suites.
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
 # TRAIN_STEPS (default 40) steps per throughput run; CONVERGE_STEPS (default 500) for `converge`.
 set -uo pipefail
@@ -69,8 +71,10 @@ if has tests; then
   stdbuf -oL -eL "$BUILD/flashcos_tests" --gtest_filter="${TESTS_FILTER:-*}:-$proc_suites" > "$LOG/tests.log" 2>&1
   rc=$?
   row "tests (in one process)" "rc $rc: $(gtest_counts "$LOG/tests.log")"
-  ctest --test-dir "$BUILD" -j 8 -R '^(TrainCli|ResumeCli|Dist|LossScaler)' --output-on-failure > "$LOG/tests_ctest.log" 2>&1
-  row "tests (./train processes, ctest)" "rc $?: $(grep -E 'tests passed' "$LOG/tests_ctest.log")"
+  if [ "${TESTS_CTEST:-1}" = 1 ]; then
+    ctest --test-dir "$BUILD" -j 8 -R '^(TrainCli|ResumeCli|Dist|LossScaler)' --output-on-failure > "$LOG/tests_ctest.log" 2>&1
+    row "tests (./train processes, ctest)" "rc $?: $(grep -E 'tests passed' "$LOG/tests_ctest.log")"
+  fi
 fi
 
 # Throughput of one training configuration: the tokens/s and peak memory of the last progress line.
@@ -101,7 +105,7 @@ if has train; then
 fi
 
 if has profile; then
-  for impl in sdpa fused; do
+  for impl in ${PROFILE_IMPLS:-sdpa fused}; do
     flag="--attention-impl sdpa"; [ $impl = fused ] && flag="--use-cuda-kernel"
     n=${PROFILE_STEPS:-4}
     "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --grad-accum 1 --steps $((n + 2)) --profile-steps "$n" \
