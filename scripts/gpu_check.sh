@@ -16,7 +16,7 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
-# quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, seed, cosine, learned, fp16, bf16, or
+# quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, seed, cosine, learned, fp16, bf16, or
 # name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
 # unfused-8192 fused-1024 ddp1-8192).
@@ -142,6 +142,7 @@ if has quality; then
   for q in ${QUALITY_RUNS:-seed cosine}; do
     case $q in
       default) quality_run default ;;
+      unfused) FLASHCOS_FUSED_OPS=0 quality_run unfused ;;  # the default with the composite libtorch ops
       seed) quality_run seed --seed-recipe ;;
       cosine) quality_run cosine --lr 1e-3 --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
       cosine2e-3|cosine3e-3) quality_run $q --lr ${q#cosine} --warmup 100 --schedule cosine --min-lr-ratio 0.1 ;;
