@@ -13,6 +13,18 @@ namespace flashcos::model {
 namespace prof = torch::autograd::profiler;
 namespace impl = torch::profiler::impl;
 
+namespace {
+
+// "  [op]" for the op that launched most of a kernel name's calls, "  [op +2 more]" when others did too.
+std::string launching_ops(const std::map<std::string, int64_t>& ops) {
+  if (ops.empty()) return "";
+  const auto top = std::max_element(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (ops.size() == 1) return "  [" + top->first + "]";
+  return strf("  [%s +%zu more]", top->first.c_str(), ops.size() - 1);
+}
+
+}  // namespace
+
 void start_step_profile() {
   if (impl::profilerEnabled()) throw std::runtime_error("--profile-steps: a profiler is already running");
   const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
@@ -26,7 +38,17 @@ std::string stop_step_profile(int64_t steps, const std::string& trace_path, int 
   struct Entry {
     uint64_t ns = 0;
     int64_t count = 0;
+    std::map<std::string, int64_t> ops;  // launching op -> kernels it launched
   };
+  // The op that launched a kernel: the CPU-side op event (aten::..., an autograd Function) whose
+  // correlation id is the kernel's linked one; runtime-call events (cudaLaunchKernel, ...) skipped.
+  std::map<uint64_t, std::string> op_by_correlation;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() == c10::DeviceType::CUDA || e.correlationId() == 0) continue;
+    const std::string name = e.name();
+    if (name.rfind("cuda", 0) == 0) continue;
+    op_by_correlation[e.correlationId()] = name;
+  }
   std::map<std::string, Entry> by_name;
   uint64_t total_ns = 0, first_ns = UINT64_MAX, last_ns = 0;
   for (const auto& e : result->events()) {
@@ -34,6 +56,8 @@ std::string stop_step_profile(int64_t steps, const std::string& trace_path, int 
     auto& entry = by_name[e.name()];
     entry.ns += e.durationNs();
     entry.count += 1;
+    const auto op = op_by_correlation.find(e.linkedCorrelationId());
+    if (op != op_by_correlation.end()) entry.ops[op->second] += 1;
     total_ns += e.durationNs();
     first_ns = std::min(first_ns, e.startNs());
     last_ns = std::max(last_ns, e.endNs());
@@ -47,7 +71,7 @@ std::string stop_step_profile(int64_t steps, const std::string& trace_path, int 
   std::string out = strf("profile over %lld steps: GPU busy %.2f ms/step of a %.2f ms/step span (%zu kernel names)\n",
                          static_cast<long long>(steps), total_ns / per_step,
                          last_ns > first_ns ? (last_ns - first_ns) / per_step : 0.0, rows.size());
-  out += strf("  %9s %6s %8s  %s\n", "ms/step", "%", "calls", "kernel");
+  out += strf("  %9s %6s %8s  %s  [launching op]\n", "ms/step", "%", "calls", "kernel");
   uint64_t rest_ns = 0;
   int64_t rest_count = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -58,8 +82,8 @@ std::string stop_step_profile(int64_t steps, const std::string& trace_path, int 
       continue;
     }
     std::string shown = name.size() > 110 ? name.substr(0, 107) + "..." : name;
-    out += strf("  %9.3f %6.2f %8lld  %s\n", entry.ns / per_step, 100.0 * entry.ns / total_ns,
-                static_cast<long long>(entry.count), shown.c_str());
+    out += strf("  %9.3f %6.2f %8lld  %s%s\n", entry.ns / per_step, 100.0 * entry.ns / total_ns,
+                static_cast<long long>(entry.count), shown.c_str(), launching_ops(entry.ops).c_str());
   }
   if (rest_count > 0) {
     out += strf("  %9.3f %6.2f %8lld  (%zu other names)\n", rest_ns / per_step, 100.0 * rest_ns / total_ns,
