@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "model/decode/cuda/decode_attention.h"
+#include "model/kernel_tensors.h"
 #endif
 
 namespace flashcos::model {
@@ -22,14 +23,7 @@ namespace {
 
 namespace fc = flashcos::cuda;
 
-fc::DType dtype_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return fc::DType::kFloat;
-    case at::kBFloat16: return fc::DType::kBFloat16;
-    case at::kHalf: return fc::DType::kHalf;
-    default: throw std::invalid_argument("fused_decode_attention: expected float32, bfloat16 or float16 tensors");
-  }
-}
+fc::DType dtype_of(const at::Tensor& t) { return kernel_dtype(t.scalar_type(), "fused_decode_attention"); }
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "model/decode/cuda/decode_linear.h"
+#include "model/kernel_tensors.h"
 #endif
 
 namespace flashcos::model {
@@ -22,16 +23,7 @@ namespace {
 
 namespace fc = flashcos::cuda;
 
-fc::DType dtype_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return fc::DType::kFloat;
-    case at::kBFloat16: return fc::DType::kBFloat16;
-    case at::kHalf: return fc::DType::kHalf;
-    default: throw std::invalid_argument("decode_linear: expected float32, bfloat16 or float16 tensors");
-  }
-}
-
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+fc::DType dtype_of(at::ScalarType t) { return kernel_dtype(t, "decode_linear"); }
 
 }  // namespace
 

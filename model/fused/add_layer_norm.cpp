@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "attention/common/poison.h"
+#include "model/kernel_tensors.h"
 #include "model/fused/switch.h"
 
 #ifdef FLASHCOS_WITH_CUDA
@@ -24,10 +25,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-bool kernel_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
-
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 at::ScalarType compute_type(std::initializer_list<at::ScalarType> types) {
   for (auto t : types) {
     if (t == at::kDouble) return at::kDouble;
@@ -38,14 +35,7 @@ at::ScalarType compute_type(std::initializer_list<at::ScalarType> types) {
 #ifdef FLASHCOS_WITH_CUDA
 namespace fc = flashcos::cuda;
 
-fc::DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf: return fc::DType::kHalf;
-    case at::kBFloat16: return fc::DType::kBFloat16;
-    case at::kFloat: return fc::DType::kFloat;
-    default: TORCH_CHECK(false, "flashcos add_layer_norm: no kernel for dtype ", t);
-  }
-}
+fc::DType to_dtype(at::ScalarType t) { return kernel_dtype(t, "flashcos add_layer_norm"); }
 
 int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 #endif
@@ -199,8 +189,11 @@ bool add_layer_norm_uses_kernel(const at::Tensor& x, const at::Tensor& r, const 
                                 at::ScalarType out_dtype) {
 #ifdef FLASHCOS_WITH_CUDA
   if (!x.is_cuda() || !fc::add_layer_norm_supported(x.size(-1))) return false;
-  if (!kernel_dtype(x.scalar_type()) || !kernel_dtype(gamma.scalar_type()) || !kernel_dtype(out_dtype)) return false;
-  if (r.defined() && !kernel_dtype(r.scalar_type())) return false;
+  if (!kernel_takes_dtype(x.scalar_type()) || !kernel_takes_dtype(gamma.scalar_type()) ||
+      !kernel_takes_dtype(out_dtype)) {
+    return false;
+  }
+  if (r.defined() && !kernel_takes_dtype(r.scalar_type())) return false;
   if (!gamma.is_cuda() || gamma.device() != x.device() || !gamma.is_contiguous()) return false;
   // The kernels read contiguous rows with 16-byte accesses (the Function makes x, r contiguous).
   return (!x.is_contiguous() || aligned16(x)) && (!r.defined() || !r.is_contiguous() || aligned16(r));
