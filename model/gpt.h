@@ -56,17 +56,16 @@ TORCH_MODULE(Attention);
 // The residual stream between blocks: x, plus the last block's feed-forward output `pending`
 // (undefined when none) that the next LayerNorm adds in the same pass as it normalises (one
 // fused add + LayerNorm kernel on CUDA, model/fused/add_layer_norm.h) instead of a separate
-// float32 add over the whole stream. sum() is the stream itself.
+// float32 add over the whole stream. The stream itself is x + pending.
 struct Residual {
   torch::Tensor x, pending;
-  torch::Tensor sum() const { return pending.defined() ? x + pending : x; }
 };
 
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& cfg);
-  // x + attn(norm_attn(x)), then + ff(norm_ff(.)), with x = in.sum(); the feed-forward's output is
-  // returned as `pending`, not yet added.
+  // x + attn(norm_attn(x)), then + ff(norm_ff(.)), with x = in.x + in.pending; the feed-forward's
+  // output is returned as `pending`, not yet added.
   Residual forward(const Residual& in);
   torch::Tensor forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos);
 
