@@ -142,6 +142,40 @@ TEST(Model, AttentionImplementationsAgree) {
   }
 }
 
+// The blocks hand their feed-forward output on unadded (model/gpt.h, Residual): the logits and the
+// loss must still be those of the textbook pre-LN stack, x + attn(norm(x)), x + ff(norm(x)), with
+// the last block's output added before norm_out. Rebuilt here from the model's own submodules.
+TEST(Model, CarriedResidualIsThePreLnSum) {
+  torch::manual_seed(4);
+  auto cfg = tiny_config();
+  cfg.depth = 3;
+  GPT model(cfg);
+  model->to(torch::kDouble);
+  auto window = torch::randint(0, 256, {2, 41}, torch::kLong);
+  auto tokens = window.slice(1, 0, 40);
+  auto mods = model->named_modules("", /*include_self=*/false);
+  auto norm = [&](const std::string& name, const torch::Tensor& x) {
+    return mods[name]->as<torch::nn::LayerNorm>()->forward(x);
+  };
+  auto linear = [&](const std::string& name, const torch::Tensor& x) {
+    return mods[name]->as<torch::nn::Linear>()->forward(x);
+  };
+  torch::Tensor x = mods["token_emb"]->as<torch::nn::Embedding>()->forward(tokens);
+  for (int64_t i = 0; i < cfg.depth; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    x = x + mods[b + "attn"]->as<flashcos::model::Attention>()->forward(norm(b + "norm_attn", x));
+    x = x + linear(b + "ff_out", torch::gelu(linear(b + "ff_in", norm(b + "norm_ff", x))));
+  }
+  const auto logits_ref = linear("to_logits", norm("norm_out", x));
+  const auto logits = model->forward(tokens);
+  const double scale = logits_ref.abs().max().item<double>();
+  EXPECT_LE((logits - logits_ref).abs().max().item<double>(), 1e-12 * scale);
+  // GPT::loss takes the cross-entropy in float32 whatever the model's dtype.
+  const auto loss_ref =
+      torch::cross_entropy_loss(logits_ref.reshape({-1, 256}).to(torch::kFloat), window.slice(1, 1, 41).reshape({-1}));
+  EXPECT_NEAR(model->loss(window).item<double>(), loss_ref.item<double>(), 1e-6);
+}
+
 TEST(Checkpoint, RoundTripRestoresModelAndConfig) {
   TempDir dir;
   torch::manual_seed(4);
