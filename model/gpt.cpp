@@ -290,14 +290,13 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& window) {
   auto input = window.slice(1, 0, window.size(1) - 1);
   auto target = window.slice(1, 1, window.size(1));
   const auto r = trunk(input);
-  if (fused::fused_ops_enabled(r.x)) {
-    // Final add + norm in the classifier's dtype, then the chunked classifier + cross-entropy:
-    // the float32 (B T, 256) logits are never written.
-    const auto dt = fused::activation_dtype(r.x);
-    auto h = add_norm(r.x, r.pending, norm_out_).normed;
-    return fused::classifier_cross_entropy(h, to_logits_->weight, to_logits_->bias, target.reshape({-1}), dt);
+  const auto h = add_norm(r.x, r.pending, norm_out_).normed;  // in the classifier's dtype
+  if (fused::fused_ops_enabled(h)) {
+    // The chunked classifier + cross-entropy: the float32 (B T, 256) logits are never written.
+    return fused::classifier_cross_entropy(h, to_logits_->weight, to_logits_->bias, target.reshape({-1}),
+                                           h.scalar_type());
   }
-  auto logits = to_logits_(add_norm(r.x, r.pending, norm_out_).normed);
+  auto logits = to_logits_(h);
   return F::cross_entropy(logits.reshape({-1, cfg_.vocab}).to(torch::kFloat), target.reshape({-1}));
 }
 

@@ -1,7 +1,8 @@
 // GPU time per kernel over a few training steps (./train --profile-steps N): libtorch's Kineto
 // profiler records every CUDA kernel, memset and copy; the report groups them by name and gives
 // each one's time per step and the op that launched it (aten::..., an autograd Function), so two
-// runs (say --use-cuda-kernel and --attention-impl sdpa) can be compared line by line. The full trace is saved as Chrome-trace JSON (chrome://tracing, Perfetto).
+// runs (say --use-cuda-kernel and --attention-impl sdpa) can be compared line by line. The full
+// trace is saved as Chrome-trace JSON (chrome://tracing, Perfetto).
 #pragma once
 
 #include <cstdint>

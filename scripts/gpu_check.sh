@@ -7,7 +7,8 @@
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
 # causal or not, after running the d64 / d128 CUDA test cases with that variant.
 # profile: GPU time per kernel (train --profile-steps) of the sdpa and fused runs at seq 8192, batch 4,
-# grad-accum 1 (PROFILE_STEPS, default 4; PROFILE_IMPLS, default "sdpa fused"); the reports go to the log folder.
+# grad-accum 1 (PROFILE_STEPS, default 4; PROFILE_IMPLS, default "sdpa fused"); the reports go to the
+# log folder.
 # matrix: fused vs SDPA flash / cuDNN for bf16, fp16 x d64, d128 x causal or not at n 4096..16384,
 # MATRIX_ROUNDS (default 2) rounds per configuration (bench --rounds).
 # fastmax: `bench --attention fastmax` to n 131072 and FASTMAX_STEPS (default 2000) training steps
@@ -16,8 +17,8 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
-# quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, seed, cosine, learned, fp16, bf16, or
-# name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
+# quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, seed, cosine, learned, fp16,
+# bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
 # unfused-8192 fused-1024 ddp1-8192).
 # tests: TESTS_FILTER (a gtest filter for the one-process run), TESTS_CTEST=0 skips the ./train-process

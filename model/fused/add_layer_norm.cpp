@@ -8,8 +8,8 @@
 #include <optional>
 
 #include "attention/common/poison.h"
-#include "model/kernel_tensors.h"
 #include "model/fused/switch.h"
+#include "model/kernel_tensors.h"
 
 #ifdef FLASHCOS_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
