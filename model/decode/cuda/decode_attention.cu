@@ -1,15 +1,18 @@
 // Fused decode attention for one query row (math in decode_attention.h).
-//   grid (NH, splits), 128 threads. Every block l2-normalises and rotates q in shared memory (the
-//   owner of slot s = pos mod L also k, and writes k, v into the rings); then groups of T = HS / 8
-//   lanes take one key each (8 features per lane, 16-byte loads), the dot product by T-lane
-//   shuffles, and accumulate P_j V_j and P_j in float32 registers; the block sums its groups into
-//   one partial row (sum P V, sum P) and the last block of the head (atomic counter) combines the
-//   partial rows in a fixed order. Of the `splits` blocks per head only ceil(n / 64) (at most
-//   `splits`) work: the rest return before touching anything.
+//   grid (NH, splits), 128 threads. Launched with programmatic dependent launch on sm_90+
+//   (pdl.cuh): each block loads its rope frequencies, lets the next kernel launch and waits for
+//   the previous one before it reads anything else. Every block then l2-normalises and rotates q
+//   in shared memory (the owner of slot s = pos mod L also k, and writes k, v into the rings); then
+//   groups of T = HS / 8 lanes take one key each (8 features per lane, 16-byte loads), the dot
+//   product by T-lane shuffles, and accumulate P_j V_j and P_j in float32 registers; the block
+//   sums its groups into one partial row (sum P V, sum P) and the last block of the head (atomic
+//   counter) combines the partial rows in a fixed order. Of the `splits` blocks per head only
+//   ceil(n / 64) (at most `splits`) work: the rest return before touching anything.
 #include "model/decode/cuda/decode_attention.h"
 
 #include <algorithm>
 
+#include "model/decode/cuda/pdl.cuh"
 #include "model/fused/cuda/vec.cuh"
 
 namespace flashcos::cuda {
@@ -31,6 +34,15 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   __shared__ bool last_block;
 
   const int HS = p.head_dim, L = p.max_len, gs = HS / p.groups, inner = p.heads * HS;
+  // Before the grid dependency wait (pdl.cuh): only the rope frequencies, which no kernel writes.
+  float freq[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int t = threadIdx.x + i * kThreads;
+    freq[i] = p.inv_freq != nullptr && t < HS ? p.inv_freq[(t % gs) / 2] : 0.f;
+  }
+  pdl::allow_next_grid();
+  pdl::wait_for_previous_grid();  // pos, qkv, the rings and the scratch: from here on
   const int64_t pos = *p.pos;
   const int n = static_cast<int>(pos + 1 < L ? pos + 1 : L);  // filled slots 0 .. n - 1
   // The launch has p.splits blocks per head (fixed: a CUDA graph replays one launch); only the
@@ -79,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
     for (int i = 0; i < kPerThread; ++i) {
       const int t = threadIdx.x + i * kThreads;
       if (t >= HS) continue;
-      const float angle = fpos * p.inv_freq[(t % gs) / 2];
+      const float angle = fpos * freq[i];
       float sn, cs;
       sincosf(angle, &sn, &cs);
       const int e = t & ~1;  // the pair (e, e + 1): (a, b) -> (a cos - b sin, a sin + b cos)
@@ -230,8 +242,7 @@ cudaError_t run_decode_attention(const DecodeAttentionParams& p, cudaStream_t st
       p.splits > p.max_len) {
     return cudaErrorInvalidValue;
   }
-  decode_attention_kernel<<<dim3(p.heads, p.splits), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return pdl::launch<decode_attention_kernel>(dim3(p.heads, p.splits), dim3(kThreads), stream, p);
 }
 
 }  // namespace flashcos::cuda

@@ -11,7 +11,9 @@
 // ceil(n / 64)) blocks per head (split-KV; the launch always has `splits`, the others exit); each writes its fp32 partial (sum P_j V_j, sum P_j) and the last block of a head to
 // finish (an atomic counter, reset by it) combines them into o. The block whose range holds slot s
 // writes the new key and value before it reads its range; no other block reads slot s.
-// Every tensor is in `dtype` (fp32 / bf16 / fp16); HS = 8 * 2^k <= 256, gs even.
+// Every tensor is in `dtype` (fp32 / bf16 / fp16); HS = 8 * 2^k <= 256, gs even. Launched with
+// programmatic dependent launch on sm_90+ (pdl.cuh): inv_freq is read before the previous kernel
+// of the stream has completed (no kernel of the step may write it), everything else after.
 #pragma once
 
 #include <cuda_runtime_api.h>

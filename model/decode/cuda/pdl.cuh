@@ -1,0 +1,90 @@
+// Programmatic dependent launch (PDL, compute capability 9.0+) for the decode step's chain of small
+// dependent kernels (decode_linear.cu, decode_attention.cu). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start once every block of the kernel
+// before it on the stream has called allow_next_grid() (or exited); it then runs its preamble
+// (loads of weights that no kernel of the step writes) and blocks in wait_for_previous_grid() until
+// that kernel has completed and its memory is visible. Since every kernel of the chain waits before
+// it finishes, that completion covers every earlier kernel too. Rules for a kernel launched so:
+//   before the wait: read only what no kernel of the stream writes (weights, LayerNorm parameters);
+//   after it: every read of an activation / position / token and every write.
+// Both instructions are no-ops when the launch had no such attribute (an sm_90 kernel launched
+// plainly) and are compiled out below sm_90, where the launch is plain too.
+// FLASHCOS_DECODE_PDL=0 launches plainly everywhere (for timing comparisons).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace flashcos::cuda::pdl {
+
+// griddepcontrol.wait: blocks until the previous grid of the stream has completed and its writes
+// are visible. The memory clobber keeps the compiler from moving loads above it.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// griddepcontrol.launch_dependents: this block no longer holds back the launch of the next grid
+// (which still waits for this one's completion before it reads anything this one writes).
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Whether the current device takes the PDL attribute: compute capability 9.0+ and
+// FLASHCOS_DECODE_PDL not "0". The capability is looked up once per device.
+inline bool device_takes_pdl() {
+  static const bool off = [] {
+    const char* env = std::getenv("FLASHCOS_DECODE_PDL");
+    return env != nullptr && std::strcmp(env, "0") == 0;
+  }();
+  if (off) return false;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major[kMaxDevices] = {};  // 0: not looked up yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int m = major[device].load(std::memory_order_relaxed);
+  if (m == 0) {
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    major[device].store(m, std::memory_order_relaxed);
+  }
+  return m >= 9;
+}
+
+// kKernel<<<grid, block, 0, stream>>>(args...), with programmatic stream serialization where the
+// device takes it and the kernel's code was compiled from sm_90+ PTX (looked up at its first
+// launch): code JIT-compiled from older PTX has no griddepcontrol.wait and, launched so, would
+// read its inputs before the previous kernel is done. Returns the launch's error.
+template <auto kKernel, class... Args>
+cudaError_t launch(dim3 grid, dim3 block, cudaStream_t stream, const Args&... args) {
+  static const bool kernel_waits = [] {
+    cudaFuncAttributes attr;
+    const bool ok = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90;
+    (void)cudaGetLastError();  // a failed look-up only means no PDL
+    return ok;
+  }();
+  if (!kernel_waits || !device_takes_pdl()) {
+    kKernel<<<grid, block, 0, stream>>>(args...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kKernel, args...);
+  const cudaError_t last = cudaGetLastError();  // read and cleared, as on the plain path
+  return launched != cudaSuccess ? launched : last;
+}
+
+}  // namespace flashcos::cuda::pdl
