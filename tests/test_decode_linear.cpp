@@ -2,8 +2,9 @@
 // device: every combination of LayerNorm, bias, GELU and residual accumulation, in float32 /
 // bf16 / fp16, for odd output counts and widths up to the 2048 limit, against a float64 reference
 // that rounds where the kernel is specified to round (the LayerNorm output and each result to the
-// compute dtype). Outputs are poisoned first (NaN, or a known residual that must be added to).
-// Bad arguments are refused with a message.
+// compute dtype). Outputs are poisoned first (NaN, or a known residual that must be added to). The
+// decode step's folds (the embedding row at a device token, the position advance) give the plain
+// launch's output bit for bit. Bad arguments are refused with a message.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -20,6 +21,7 @@ namespace {
 
 using flashcos::model::decode_linear;
 using flashcos::model::decode_linear_available;
+using flashcos::model::DecodeLinearFolds;
 
 struct Case {
   int64_t n, k;
@@ -60,7 +62,7 @@ TEST(DecodeLinear, MatchesFloat64Reference) {
   }
   std::vector<Case> cases;
   for (int64_t n : {1, 63, 127, 1000}) {
-    for (int64_t k : {8, 520, 2048}) {
+    for (int64_t k : {8, 264, 512, 520, 2048}) {  // 512: LayerNorm parameters loaded before the wait
       for (int flags = 0; flags < 16; ++flags) {
         cases.push_back({n, k, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, (flags & 8) != 0});
       }
@@ -105,6 +107,45 @@ TEST(DecodeLinear, MatchesFloat64Reference) {
   }
 }
 
+// The decode step's folds: with a token the kernel takes row token of a (rows, K) table as x (the
+// same output, bit for bit, as that row passed as x), stores the row in float32 into x_store (the
+// only write there), and with pos it adds exactly 1 per launch; the table in float32 or in the
+// compute dtype, and the LayerNorm'd K = 512 of the model as well as a wide K.
+TEST(DecodeLinear, EmbeddingRowAndPositionFolds) {
+  if (!torch::cuda::is_available() || !decode_linear_available(torch::kCUDA, 64)) {
+    GTEST_SKIP() << "needs a CUDA device, a CUDA build and FLASHCOS_DECODE_LINEAR not 0";
+  }
+  const auto dev = at::TensorOptions().device(torch::kCUDA);
+  const int64_t rows = 37, n = 300;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (auto table_dtype : {at::kFloat, dtype}) {
+      for (int64_t k : {512, 1032}) {
+        const std::string name = std::string(c10::toString(dtype)) + " table " + c10::toString(table_dtype) +
+                                 " k" + std::to_string(k);
+        const auto table = (at::randn({rows, k}, dev) * 2 + 0.25).to(table_dtype);
+        const auto w = (at::randn({n, k}, dev) / std::sqrt(static_cast<double>(k))).to(dtype);
+        const auto b = at::randn({n}, dev).to(dtype);
+        const auto g = at::randn({k}, dev), beta = at::randn({k}, dev);
+        const auto pos = at::full({1}, 41, dev.dtype(at::kLong));
+        for (int64_t tok : {int64_t(0), int64_t(17), rows - 1}) {
+          DecodeLinearFolds folds;
+          folds.token = at::full({1, 1}, tok, dev.dtype(at::kLong));
+          folds.x_store = at::full({1, k}, NAN, dev);
+          folds.pos = pos;
+          auto out = at::full({1, n}, NAN, dev.dtype(dtype));
+          decode_linear(table, w, b, out, g, beta, 1e-5, true, false, folds);
+          const auto row = table[tok].view({1, k}).contiguous();
+          auto want = at::full({1, n}, NAN, dev.dtype(dtype));
+          decode_linear(row, w, b, want, g, beta, 1e-5, true, false);
+          EXPECT_TRUE(at::equal(out, want)) << name << " token " << tok;
+          EXPECT_TRUE(at::equal(folds.x_store, row.to(at::kFloat))) << name << " token " << tok;
+        }
+        EXPECT_EQ(pos.item<int64_t>(), 44) << name;  // three launches with pos, one without
+      }
+    }
+  }
+}
+
 TEST(DecodeLinear, BadArgumentsAreRefused) {
   if (!torch::cuda::is_available() || !decode_linear_available(torch::kCUDA, 64)) {
     GTEST_SKIP() << "needs a CUDA device, a CUDA build and FLASHCOS_DECODE_LINEAR not 0";
@@ -124,6 +165,21 @@ TEST(DecodeLinear, BadArgumentsAreRefused) {
                c10::Error);  // accumulating into a non-float32 out
   const auto sq = at::randn({64, 64}, dev), row = at::randn({1, 64}, dev), g = at::ones({64}, dev);
   EXPECT_THROW(decode_linear(row, sq, none, row, g, g, 1e-5, false, true), c10::Error);  // LN'd x is out
+  EXPECT_THROW(decode_linear(row, sq, none, row, none, none, 1e-5, false, true), c10::Error);  // x is out
+  const auto out64 = at::empty({1, 64}, dev);
+  DecodeLinearFolds folds;
+  folds.x_store = at::empty({1, 64}, dev);
+  EXPECT_THROW(decode_linear(row, sq, none, out64, none, none, 1e-5, false, false, folds), c10::Error);  // no token
+  folds.token = at::zeros({1}, dev.dtype(at::kLong));
+  const auto table = at::randn({5, 64}, dev);
+  EXPECT_THROW(decode_linear(table, sq, none, folds.x_store, none, none, 1e-5, false, true, folds),
+               c10::Error);  // accumulating into x_store
+  folds.token = at::zeros({1}, dev.dtype(at::kInt));
+  EXPECT_THROW(decode_linear(table, sq, none, out64, none, none, 1e-5, false, false, folds),
+               c10::Error);  // token not int64
+  DecodeLinearFolds bad_pos;
+  bad_pos.pos = at::zeros({2}, dev.dtype(at::kLong));
+  EXPECT_THROW(decode_linear(x, w, none, out, none, none, 1e-5, false, false, bad_pos), c10::Error);
 }
 
 }  // namespace

@@ -1,13 +1,20 @@
 // The decode step's one-row linear layer (math in decode_linear.h).
-//   grid ceil(N / 4), 128 threads. Each warp first issues the loads of its row of W (they do not
-//   depend on x), then every block stages x in shared memory as float32 and, with a
-//   LayerNorm, normalises it there (block sums for the mean, then the centred variance). Each lane
-//   then keeps its slice of h in registers: chunk c = lane + 32 i of 8 features. Each warp takes
-//   one output row: all of its weight loads issued first (16-byte loads, up to 8 per lane in
-//   flight), the dot product in float32, a warp sum, and lane 0 applies bias, GELU, the rounding
-//   and the store or the residual add.
+//   grid ceil(N / 4), 128 threads, one output row per warp; no shared memory, no block barrier.
+//   1. Before the grid dependency wait (programmatic dependent launch, pdl.cuh) each warp issues
+//      the loads that no kernel of the step writes: its row of W (16-byte loads, up to 8 per lane
+//      in flight), the row's bias and, for K <= 512, gamma and beta. They overlap the previous
+//      kernel's tail. Then the block lets the next kernel launch and waits for the previous one.
+//   2. Each lane loads its slice of x (the table row at *token when given) into registers in the
+//      layout of its weights: chunk c = lane + 32 i of 8 features. Block 0 stores the table row
+//      (x_store) and advances *pos.
+//   3. With a LayerNorm every warp computes the statistics of the whole row itself (a warp sum for
+//      the mean, then one for the centred variance) and normalises its registers: the four warps
+//      of a block compute the same values in the same order, and no block-wide sum is needed.
+//   4. The dot product in float32, a warp sum, and lane 0 applies bias, GELU, the rounding and
+//      the store or the residual add.
 #include "model/decode/cuda/decode_linear.h"
 
+#include "model/decode/cuda/pdl.cuh"
 #include "model/fused/cuda/vec.cuh"
 
 namespace flashcos::cuda {
@@ -17,71 +24,103 @@ using namespace fused;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+// Rows of up to 2 chunks per lane (K <= 512, the model's width) load gamma and beta before the wait
+// (32 registers more); wider rows load them when they normalise, to stay clear of spills.
+constexpr int kMaxEarlyLnChunks = 2;
 
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // red is free (an earlier sum's readers are done)
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += red[w];
-  return total;
-}
-
-// Loads the lane's chunks of row `row` of W (zeros past K).
+// The lane's chunks of a row (elements [base, base + K) of ptr): chunk c = lane + 32 i holds the
+// 8 features from c * 8; zeros past K.
 template <int kChunks>
-__device__ __forceinline__ void load_row(const DecodeLinearParams& p, int row, int lane, float (&wr)[kChunks][kVec]) {
-  const int chunks = p.k / kVec;
+__device__ __forceinline__ void load_chunks(const void* ptr, DType dtype, int64_t base, int chunks, int lane,
+                                            float (&r)[kChunks][kVec]) {
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int c = lane + 32 * i;
     if (c < chunks) {
-      load8(p.w, p.w_dtype, int64_t(row) * p.k + c * kVec, wr[i]);
+      load8(ptr, dtype, base + int64_t(c) * kVec, r[i]);
     } else {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) wr[i][j] = 0.f;
+      for (int j = 0; j < kVec; ++j) r[i][j] = 0.f;
     }
   }
 }
 
 template <int kChunks>  // chunks of 8 features per lane: ceil(K / 256)
 __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLinearParams p) {
-  __shared__ __align__(16) float xs[kDecodeLinearMaxK];
-  __shared__ float red[kWarps];
-  const int K = p.k, lane = threadIdx.x % 32, warp = threadIdx.x / 32, chunks = K / kVec;
-  // The first row's weights do not depend on x: their loads go out before x's, so the two
-  // memory latencies overlap.
+  constexpr bool kEarlyLn = kChunks <= kMaxEarlyLnChunks;
+  const int K = p.k, chunks = K / kVec, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const bool ln = p.ln_gamma != nullptr;
   int row = blockIdx.x * kWarps + warp;
-  float wr[kChunks][kVec];
-  if (row < p.n) load_row<kChunks>(p, row, lane, wr);
-#pragma unroll 4
-  for (int k = threadIdx.x; k < K; k += kThreads) xs[k] = load1(p.x, p.x_dtype, k);
-  if (p.ln_gamma != nullptr) {
-    // Each thread reads back only the features it wrote: no barrier before the sums' own.
-    float s = 0.f;
-    for (int k = threadIdx.x; k < K; k += kThreads) s += xs[k];
-    const float mean = block_sum(s, red) / static_cast<float>(K);
-    float v = 0.f;
-    for (int k = threadIdx.x; k < K; k += kThreads) {
-      const float d = xs[k] - mean;
-      v += d * d;
-    }
-    const float rstd = rsqrtf(block_sum(v, red) / static_cast<float>(K) + p.ln_eps);
-    for (int k = threadIdx.x; k < K; k += kThreads) {
-      xs[k] = round_to(p.w_dtype, (xs[k] - mean) * rstd * p.ln_gamma[k] + p.ln_beta[k]);
-    }
-  }
-  __syncthreads();
 
-  float h[kChunks][kVec];
-#pragma unroll
-  for (int i = 0; i < kChunks; ++i) {
-    const int c = lane + 32 * i;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) h[i][j] = c < chunks ? xs[c * kVec + j] : 0.f;
+  // 1. What no kernel of the step writes, before the wait.
+  float wr[kChunks][kVec], b = 0.f;
+  if (row < p.n) {
+    load_chunks<kChunks>(p.w, p.w_dtype, int64_t(row) * K, chunks, lane, wr);
+    if (p.bias != nullptr && lane == 0) b = load1(p.bias, p.w_dtype, row);
   }
+  float gr[kEarlyLn ? kChunks : 1][kVec], br[kEarlyLn ? kChunks : 1][kVec];
+  if constexpr (kEarlyLn) {
+    if (ln) {
+      load_chunks<kChunks>(p.ln_gamma, DType::kFloat, 0, chunks, lane, gr);
+      load_chunks<kChunks>(p.ln_beta, DType::kFloat, 0, chunks, lane, br);
+    }
+  }
+  pdl::allow_next_grid();
+  pdl::wait_for_previous_grid();  // token, x, pos and out: the earlier kernels' from here on
+
+  // 2. x in registers.
+  const int64_t x_base = p.token != nullptr ? *p.token * K : 0;
+  float h[kChunks][kVec];
+  load_chunks<kChunks>(p.x, p.x_dtype, x_base, chunks, lane, h);
+  if (blockIdx.x == 0) {
+    if (p.x_store != nullptr && warp == 0) {
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = lane + 32 * i;
+        if (c < chunks) store8(p.x_store, DType::kFloat, int64_t(c) * kVec, h[i]);
+      }
+    }
+    if (p.pos != nullptr && threadIdx.x == 0) *p.pos += 1;
+  }
+
+  // 3. LayerNorm over the whole row in every warp (the zeros past K add nothing to the sums).
+  if (ln) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s += h[i][j];
+    }
+    const float mean = warp_sum(s) / static_cast<float>(K);
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      if (lane + 32 * i >= chunks) continue;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = h[i][j] - mean;
+        v += d * d;
+      }
+    }
+    const float rstd = rsqrtf(warp_sum(v) / static_cast<float>(K) + p.ln_eps);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = lane + 32 * i;
+      if (c >= chunks) continue;
+      float g[kVec], be[kVec];
+      if constexpr (kEarlyLn) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) g[j] = gr[i][j], be[j] = br[i][j];
+      } else {
+        load8(p.ln_gamma, DType::kFloat, int64_t(c) * kVec, g);
+        load8(p.ln_beta, DType::kFloat, int64_t(c) * kVec, be);
+      }
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) h[i][j] = round_to(p.w_dtype, (h[i][j] - mean) * rstd * g[j] + be[j]);
+    }
+  }
+
+  // 4. One output row per warp (and round).
   for (; row < p.n; row += gridDim.x * kWarps) {
     float acc = 0.f;
 #pragma unroll
@@ -91,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-      float y = round_to(p.w_dtype, acc + (p.bias != nullptr ? load1(p.bias, p.w_dtype, row) : 0.f));
+      float y = round_to(p.w_dtype, acc + b);
       if (p.gelu) y = round_to(p.w_dtype, 0.5f * y * (1.f + erff(y * 0.70710678118654752f)));
       if (p.accumulate) {
         static_cast<float*>(p.out)[row] += y;
@@ -100,7 +139,10 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
       }
     }
     const int next = row + gridDim.x * kWarps;
-    if (next < p.n) load_row<kChunks>(p, next, lane, wr);
+    if (next < p.n) {
+      load_chunks<kChunks>(p.w, p.w_dtype, int64_t(next) * K, chunks, lane, wr);
+      if (p.bias != nullptr && lane == 0) b = load1(p.bias, p.w_dtype, next);
+    }
   }
 }
 
@@ -109,22 +151,17 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(const DecodeLin
 bool decode_linear_supported(int k) { return k >= kVec && k <= kDecodeLinearMaxK && k % kVec == 0; }
 
 cudaError_t run_decode_linear(const DecodeLinearParams& p, cudaStream_t stream) {
+  const void* out = p.out;
   if (!decode_linear_supported(p.k) || p.n < 1 || (p.accumulate && p.out_dtype != DType::kFloat) ||
-      (p.accumulate && p.ln_gamma != nullptr && p.x == p.out)) {
+      (p.accumulate && (p.x == out || p.x_store == out)) || (p.x_store != nullptr && p.token == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid((p.n + kWarps - 1) / kWarps);
+  const dim3 grid((p.n + kWarps - 1) / kWarps), block(kThreads);
   const int chunks = (p.k / kVec + 31) / 32;
-  if (chunks <= 1) {
-    decode_linear_kernel<1><<<grid, kThreads, 0, stream>>>(p);
-  } else if (chunks <= 2) {
-    decode_linear_kernel<2><<<grid, kThreads, 0, stream>>>(p);
-  } else if (chunks <= 4) {
-    decode_linear_kernel<4><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    decode_linear_kernel<8><<<grid, kThreads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  if (chunks <= 1) return pdl::launch<decode_linear_kernel<1>>(grid, block, stream, p);
+  if (chunks <= 2) return pdl::launch<decode_linear_kernel<2>>(grid, block, stream, p);
+  if (chunks <= 4) return pdl::launch<decode_linear_kernel<4>>(grid, block, stream, p);
+  return pdl::launch<decode_linear_kernel<8>>(grid, block, stream, p);
 }
 
 }  // namespace flashcos::cuda
