@@ -3,7 +3,7 @@
 //            cuBLAS handles and workspaces exist for the side stream afterwards); capture
 //            run_step() on the side stream into a private pool (nothing executes); the current
 //            stream waits for the side stream.
-//   step n:  token_.fill_(token) and graph.replay() on the current stream.
+//   step n:  token_ <- token (a fill) and graph.replay() on the current stream.
 // The captured step reads token_ and pos_ and writes logits_ and the rings, all allocated before the
 // capture; its temporaries live in the graph's private pool.
 #include "model/decode_graph.h"
@@ -41,7 +41,7 @@ class GraphDecoder : public StaticDecoder {
     if (state_ == State::kCaptured) {
       if (next_pos_ >= (int64_t(1) << 24)) return StaticDecoder::step(token);  // throws the same error
       c10::cuda::CUDAGuard device(token_.device());
-      token_.fill_(token);
+      set_input(token);
       graph_.replay();
       ++next_pos_;
       return logits_;

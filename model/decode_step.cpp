@@ -17,6 +17,7 @@
 
 #include "model/decode/decode_linear.h"
 #include "model/fused/add_layer_norm.h"
+#include "model/kernel_tensors.h"
 
 namespace flashcos::model {
 
@@ -98,6 +99,9 @@ StaticDecoder::StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarTyp
 bool StaticDecoder::fused_linear_applies() const {
   const auto device = token_.device();
   const auto& b = blocks_.front();
+  // The first launch reads the embedding row itself (in float32 or the compute dtype).
+  const auto et = token_emb_.scalar_type();
+  if (!aligned16(token_emb_) || !token_emb_.is_contiguous() || (et != at::kFloat && et != cd_)) return false;
   for (const auto& w : {b.wqkv, b.wout, b.ff_in_w, b.ff_out_w, logits_w_}) {
     if (!decode_linear_available(device, w.size(1))) return false;
   }
@@ -113,6 +117,7 @@ void StaticDecoder::set_fused_linear(bool on) {
     const auto opts = token_.options().dtype(cd_);
     qkv_out_ = at::zeros({1, blocks_.front().wqkv.size(0)}, opts);
     ff_hidden_ = at::zeros({1, blocks_.front().ff_in_w.size(0)}, opts);
+    resid_ = at::zeros({1, cfg_.dim}, opts.dtype(at::kFloat));
   }
   fused_linear_ = on;
 }
@@ -121,16 +126,23 @@ void StaticDecoder::run_step_fused_linear() {
   at::NoGradGuard no_grad;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor none;
-  auto x = at::embedding(token_emb_, token_.view({1})).to(at::kFloat);  // (1, C) residual stream, float32
+  const auto& x = resid_;  // (1, C) residual stream, float32
+  DecodeLinearFolds embed, advance;  // the embedding lookup into the first launch, pos_ += 1 into the last
+  embed.token = token_, embed.x_store = x;
+  advance.pos = pos_;
   for (auto& blk : blocks_) {
-    decode_linear(x, blk.wqkv, none, qkv_out_, blk.norm_attn_w, blk.norm_attn_b, eps_attn_, false, false);
+    if (&blk == &blocks_.front()) {  // x = float(token_emb_[token_]), stored, and LN + qkv of it
+      decode_linear(token_emb_, blk.wqkv, none, qkv_out_, blk.norm_attn_w, blk.norm_attn_b, eps_attn_, false, false,
+                    embed);
+    } else {
+      decode_linear(x, blk.wqkv, none, qkv_out_, blk.norm_attn_w, blk.norm_attn_b, eps_attn_, false, false);
+    }
     fused_decode_attention(cfg_, qkv_out_, blk.k, blk.v, attn_out_, pos_, inv_freq_, attn_scratch_);
     decode_linear(attn_out_, blk.wout, none, x, none, none, 0, false, true);
     decode_linear(x, blk.ff_in_w, blk.ff_in_b, ff_hidden_, blk.norm_ff_w, blk.norm_ff_b, eps_ff_, true, false);
     decode_linear(ff_hidden_, blk.ff_out_w, blk.ff_out_b, x, none, none, 0, false, true);
   }
-  decode_linear(x, logits_w_, logits_b_, logits_, norm_out_w_, norm_out_b_, eps_out_, false, false);
-  pos_.add_(1);
+  decode_linear(x, logits_w_, logits_b_, logits_, norm_out_w_, norm_out_b_, eps_out_, false, false, advance);
 }
 
 void StaticDecoder::set_fused_attention(bool on) {
@@ -238,12 +250,22 @@ void StaticDecoder::run_step() {
   pos_.add_(1);
 }
 
+int64_t StaticDecoder::device_position() const { return pos_.item<int64_t>(); }
+
+void StaticDecoder::set_input(int64_t token) {
+  if (token < 0 || token >= token_emb_.size(0)) {
+    throw std::invalid_argument("StaticDecoder: token " + std::to_string(token) + " is not in [0, " +
+                                std::to_string(token_emb_.size(0)) + ")");
+  }
+  token_.fill_(token);
+}
+
 at::Tensor StaticDecoder::step(int64_t token) {
   if (next_pos_ >= (int64_t(1) << 24)) {
     throw std::invalid_argument("StaticDecoder: position " + std::to_string(next_pos_) +
                                 " is past 2^24 (rotary angles take exact float32 positions)");
   }
-  token_.fill_(token);
+  set_input(token);
   run_step();
   ++next_pos_;
   return logits_;

@@ -8,7 +8,8 @@
 // order of the slots does not matter: with rope each logit depends on its key's own rotation only.
 // The one query row attends over all L slots with the unfilled ones masked (slot j is filled once
 // p >= j). The token and its position are device tensors (token_, pos_); the step ends with
-// pos_ += 1 on the device.
+// pos_ += 1 on the device (with the fused linears, inside the last launch; the first one reads the
+// token's embedding row itself).
 //   cosine:  o = softmax(scale q.k - scale) v        exp: o = sum_j exp(scale q.k_j) v_j
 //   softmax: o = softmax(q.k / sqrt(HS)) v           (masked slots: -inf before the exp)
 // On CUDA, cosine / exp attention runs as one fused kernel per block between the qkv and the output
@@ -48,6 +49,9 @@ class StaticDecoder {
   // (valid until the next step), and the position advances.
   virtual at::Tensor step(int64_t token);
   int64_t next_pos() const { return next_pos_; }
+  // The position the next step reads on the device (pos_; a synchronising read, for tests): equals
+  // next_pos() between steps.
+  int64_t device_position() const;
   // How the steps run ("static"; the CUDA-graph decoder names itself).
   virtual std::string name() const { return "static"; }
   at::ScalarType compute_dtype() const { return cd_; }
@@ -67,6 +71,8 @@ class StaticDecoder {
   // value into slot pos_ mod L of every block, then pos_ += 1. Torch ops on device tensors only
   // (capturable in a CUDA graph).
   void run_step();
+  // token_ <- token, after checking it is a byte of the vocabulary (std::invalid_argument if not).
+  void set_input(int64_t token);
 
   struct Block {
     at::Tensor norm_attn_w, norm_attn_b, wqkv, wout, norm_ff_w, norm_ff_b, ff_in_w, ff_in_b, ff_out_w, ff_out_b;
@@ -88,10 +94,12 @@ class StaticDecoder {
   at::Tensor attn_out_;                  // (1, NH HS) compute_dtype: its output
   bool fused_linear_ = false;
   at::Tensor qkv_out_, ff_hidden_;  // (1, 3 NH HS), (1, ff) compute_dtype: the fused linears' outputs
+  at::Tensor resid_;                // (1, C) float32: their residual stream (allocated before a capture)
 
  private:
-  // run_step with the fused linear layers: per block LN + qkv, attention, x += out proj,
-  // LN + ff_in + GELU, x += ff_out; then LN + logits.
+  // run_step with the fused linear layers: per block LN + qkv (the first block's reads the token's
+  // embedding row and stores it as x), attention, x += out proj, LN + ff_in + GELU, x += ff_out;
+  // then LN + logits and pos_ += 1 in one launch. 41 launches for 8 blocks.
   void run_step_fused_linear();
   bool fused_linear_applies() const;
   // (1, 2, NH, 1, HS) q and k -> normalised / rotated (cs, sn: cos / sin of the angles), float32

@@ -139,6 +139,18 @@ TEST(StaticDecodeErrors, UnsupportedModelsAndCaches) {
   EXPECT_THROW(StaticDecoder(learned, cache, at::kFloat), std::invalid_argument);
   auto rope = make_model(small("rope", "cosine", 1, 1), 3);
   EXPECT_THROW(StaticDecoder(rope, KVCache(), at::kFloat), std::invalid_argument);  // no prefill
+  {  // a token outside the vocabulary is refused before anything runs
+    KVCache one;
+    torch::NoGradGuard no_grad;
+    rope->forward_cached(torch::zeros({1, 2}, torch::kLong), one);
+    StaticDecoder dec(rope, one, at::kFloat);
+    EXPECT_THROW(dec.step(256), std::invalid_argument);
+    EXPECT_THROW(dec.step(-1), std::invalid_argument);
+    EXPECT_EQ(dec.next_pos(), 2);
+    EXPECT_EQ(dec.device_position(), 2);
+    EXPECT_EQ(dec.step(255).size(1), 256);
+    EXPECT_EQ(dec.device_position(), 3);
+  }
   // Learned positions keep the cached path in generate().
   flashcos::model::SampleOptions so;
   so.length = 4;
@@ -195,6 +207,49 @@ TEST(GraphDecodeCuda, SameBytesAsUncaptured) {
     EXPECT_EQ(gi.decode, "cuda graph");
     EXPECT_EQ(ei.decode, "static");
     EXPECT_TRUE(at::equal(with_graph, without)) << c10::toString(dtype);
+  }
+}
+
+// CUDA: the graph decoder with the fused step (one-row linears with the embedding lookup folded
+// into the first launch and the position advance into the last, fused attention; programmatic
+// dependent launch between them on sm_90) against the same step run eagerly: the same kernels on
+// the same inputs, so the same logits bit for bit, and one position per step on the device; in
+// float32 also against the torch-op step (within 1e-5). 100 steps at max_seq_len 40: the ring wraps.
+TEST(GraphDecodeCuda, FusedStepSameAsEagerStep) {
+  if (!torch::cuda::is_available() || !flashcos::model::decode_graph_compiled()) {
+    GTEST_SKIP() << "needs a CUDA device and a CUDA build";
+  }
+  ModelConfig cfg;
+  cfg.dim = 64, cfg.depth = 3, cfg.heads = 2, cfg.dim_head = 32, cfg.max_seq_len = 40;
+  cfg.pos = "rope", cfg.attention = "cosine", cfg.attention_impl = "plain";
+  auto m = make_model(cfg, 19);
+  m->to(torch::kCUDA);
+  torch::NoGradGuard no_grad;
+  const auto prime = torch::randint(0, 256, {1, 5}, torch::kLong).to(torch::kCUDA);
+  const auto stream = torch::randint(0, 256, {100}, torch::kLong);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    KVCache a, b, c;
+    m->forward_cached(prime, a);
+    m->forward_cached(prime, b);
+    m->forward_cached(prime, c);
+    auto graph = flashcos::model::make_graph_decoder(m, a, dtype);
+    StaticDecoder eager(m, b, dtype), ops(m, c, dtype);
+    if (!eager.fused_linear()) GTEST_SKIP() << "the fused decode step is switched off (FLASHCOS_DECODE_*=0)";
+    ASSERT_TRUE(graph->fused_linear());
+    ops.set_fused_attention(false);
+    for (int64_t t = 0; t < stream.size(0); ++t) {
+      const int64_t tok = stream[t].item<int64_t>();
+      const auto y = graph->step(tok).cpu();
+      const auto x = eager.step(tok).cpu();
+      const auto r = ops.step(tok).cpu();
+      ASSERT_TRUE(at::equal(y, x)) << c10::toString(dtype) << " step " << t << ", rel err " << rel_err(y, x);
+      if (dtype == at::kFloat) {
+        ASSERT_LT(rel_err(x, r), 1e-5) << "step " << t;
+      }
+      ASSERT_EQ(graph->device_position(), 5 + t + 1) << c10::toString(dtype) << " step " << t;
+      ASSERT_EQ(graph->next_pos(), 5 + t + 1);
+    }
+    EXPECT_EQ(graph->name(), "cuda graph");
   }
 }
 

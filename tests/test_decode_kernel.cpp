@@ -3,9 +3,10 @@
 //    ring write at pos mod L, softmax / exp attention over the filled slots) on fresh random
 //    inputs, with the output and the unfilled slots poisoned (NaN): the output must be all new,
 //    the new slot must hold k, v and every other slot must be untouched;
-//  - the static decoder with the kernel (and the fused one-row linears, decode_linear.h) against the
-//    same decoder on torch ops, step by step past
-//    max_seq_len so the ring wraps (float32 within 1e-5, bf16 within 1e-2 on the logits).
+//  - the static decoder with the kernel (and the fused one-row linears, decode_linear.h, with the
+//    embedding lookup and the position advance folded in) against the same decoder on torch ops,
+//    step by step past max_seq_len so the ring wraps (float32 within 1e-5, bf16 within 1e-2 on the
+//    logits), the position on the device one further per step.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -199,6 +200,9 @@ TEST_P(DecodeKernelStep, SameLogitsAsTorchOps) {
         kernel_err += rel_err(y, r) / steps;
         ops_err += rel_err(x, r) / steps;
       }
+      // One position per step on the device (the fused step advances it inside its last launch).
+      ASSERT_EQ(fused.device_position(), prime + t + 1) << name_of(GetParam()) << " step " << t;
+      ASSERT_EQ(ops.device_position(), prime + t + 1) << name_of(GetParam()) << " step " << t;
       previous = y_dev;
     }
     if (dtype != at::kFloat) {
