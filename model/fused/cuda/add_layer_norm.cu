@@ -1,11 +1,12 @@
-// Fused residual add + LayerNorm, forward and backward (math in add_layer_norm.h).
-//   forward:  one warp per row; the row's s = x + r lives in registers (kSlots x 8 floats per lane,
-//             lane l holding columns [8 (l + 32 k), 8 (l + 32 k) + 8)), so x and r are read once;
-//             mean and variance by two warp sums (centred second pass: no cancellation).
+// Fused residual add (+ the residual branch's bias) + LayerNorm, forward and backward (math in
+// add_layer_norm.h):
+//   forward:  one warp per row; the row's s = x + (r + r_bias) lives in registers (kSlots x 8 floats
+//             per lane, lane l holding columns [8 (l + 32 k), 8 (l + 32 k) + 8)), so x and r are
+//             read once; mean and variance by two warp sums (centred second pass: no cancellation).
 //   backward: one warp per row, rows strided over a grid of ~2 blocks per SM; each lane keeps its
-//             columns' dgamma / dbeta partial sums in registers across rows, the block sums its
-//             warps' partials in shared memory into one row of `partials`, and a second kernel sums
-//             those rows column by column in a fixed order.
+//             columns' dgamma / dbeta (/ dr_bias) partial sums in registers across rows, the block
+//             sums its warps' partials in shared memory into one row of `partials`, and a second
+//             kernel sums those rows column by column in a fixed order.
 #include "model/fused/cuda/add_layer_norm.h"
 
 #include <algorithm>
@@ -38,6 +39,12 @@ __global__ void __launch_bounds__(kThreads) add_layer_norm_fwd_kernel(const AddL
     if (p.r != nullptr) {
       float r[kVec];
       load8(p.r, p.r_dtype, base + c * kVec, r);
+      if (p.r_bias != nullptr) {
+        float b[kVec];
+        load8(p.r_bias, p.r_bias_dtype, c * kVec, b);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) r[i] += b[i];
+      }
 #pragma unroll
       for (int i = 0; i < kVec; ++i) v[k][i] = round_to(p.s_dtype, v[k][i] + r[i]);
       store8(p.s, p.s_dtype, base + c * kVec, v[k]);
@@ -72,19 +79,29 @@ __global__ void __launch_bounds__(kThreads) add_layer_norm_fwd_kernel(const AddL
   }
 }
 
-template <int kSlots>
-__global__ void __launch_bounds__(kThreads) add_layer_norm_bwd_kernel(const AddLayerNormParams p) {
+// kBias: the forward added r_bias, whose gradient (the column sums of dsum) is a third partial.
+// The grid has 2 blocks an SM (add_layer_norm_backward_blocks): up to 2 slots they must both be
+// resident, so at most 128 registers a thread (the bias's 16 accumulators take <2, true> from 134
+// to the cap on sm_90 without a spill; sm_80 spills 16 bytes there).
+template <int kSlots, bool kBias>
+__global__ void __launch_bounds__(kThreads, kSlots <= 2 ? 2 : 1)
+    add_layer_norm_bwd_kernel(const AddLayerNormParams p) {
+  constexpr int kPartials = kBias ? 3 : 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int nvec = p.width / kVec;
   const float inv_width = 1.f / float(p.width);
   // s where the forward added a residual, else x itself (then in x's dtype).
   const void* s_ptr = p.r != nullptr ? static_cast<const void*>(p.s) : p.x;
   const DType s_dtype = p.r != nullptr ? p.s_dtype : p.x_dtype;
-  float dgamma[kSlots][kVec], dbeta[kSlots][kVec];
+  // Per column: dgamma, dbeta, dr_bias (the last with kBias only).
+  float part[kPartials][kSlots][kVec];
 #pragma unroll
-  for (int k = 0; k < kSlots; ++k) {
+  for (int q = 0; q < kPartials; ++q) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) dgamma[k][i] = dbeta[k][i] = 0.f;
+    for (int k = 0; k < kSlots; ++k) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) part[q][k][i] = 0.f;
+    }
   }
   for (int64_t row = int64_t(blockIdx.x) * kWarps + warp; row < p.rows; row += int64_t(gridDim.x) * kWarps) {
     const int64_t base = row * p.width;
@@ -105,8 +122,8 @@ __global__ void __launch_bounds__(kThreads) add_layer_norm_bwd_kernel(const AddL
         g[k][i] = dy[i] * gamma[i];
         sum_g += g[k][i];
         sum_gx += g[k][i] * xhat[k][i];
-        dgamma[k][i] += dy[i] * xhat[k][i];
-        dbeta[k][i] += dy[i];
+        part[0][k][i] += dy[i] * xhat[k][i];
+        part[1][k][i] += dy[i];
       }
     }
     const float mean_g = warp_sum(sum_g) * inv_width;
@@ -124,6 +141,10 @@ __global__ void __launch_bounds__(kThreads) add_layer_norm_bwd_kernel(const AddL
 #pragma unroll
         for (int i = 0; i < kVec; ++i) d[i] += ds[i];
       }
+      if constexpr (kBias) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) part[2][k][i] += d[i];
+      }
       store8(p.dx, p.x_dtype, base + c * kVec, d);
       if (p.dr != nullptr) store8(p.dr, p.r_dtype, base + c * kVec, d);
     }
@@ -131,13 +152,13 @@ __global__ void __launch_bounds__(kThreads) add_layer_norm_bwd_kernel(const AddL
   // The block's warps' partials, summed in shared memory: element e = 8 lane + i of slot k is
   // column 256 k + e. One (slot, quantity) at a time keeps the buffer at 8 KiB.
   __shared__ float s_part[kWarps][32 * kVec];
-  float* out = p.partials + int64_t(blockIdx.x) * 2 * p.width;
+  float* out = p.partials + int64_t(blockIdx.x) * kPartials * p.width;
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kPartials; ++q) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) s_part[warp][lane * kVec + i] = q == 0 ? dgamma[k][i] : dbeta[k][i];
+      for (int i = 0; i < kVec; ++i) s_part[warp][lane * kVec + i] = part[q][k][i];
       __syncthreads();
       const int col = 32 * kVec * k + threadIdx.x;  // kThreads == 32 * kVec
       if (col < p.width) {
@@ -152,28 +173,21 @@ __global__ void __launch_bounds__(kThreads) add_layer_norm_bwd_kernel(const AddL
 }
 static_assert(kThreads == 32 * kVec, "the partial reduction maps one thread to one element of a warp's slot");
 
-// dgamma[c] = sum_b partials[b][0][c], dbeta[c] = sum_b partials[b][1][c]: 32 columns per block,
-// 8 rows of threads striding over the blocks, then a shared-memory sum over the 8.
-constexpr int kReduceCols = 32, kReduceRows = 8;
-
-__global__ void __launch_bounds__(kReduceCols* kReduceRows) gamma_beta_reduce_kernel(const AddLayerNormParams p,
-                                                                                     int blocks) {
-  __shared__ float s_acc[kReduceRows][kReduceCols + 1];
-  const int tx = threadIdx.x % kReduceCols, ty = threadIdx.x / kReduceCols;
-  const int col2 = blockIdx.x * kReduceCols + tx;  // in [0, 2 C): dgamma columns, then dbeta's
-  float acc = 0.f;
-  if (col2 < 2 * p.width) {
-    for (int b = ty; b < blocks; b += kReduceRows) acc += p.partials[int64_t(b) * 2 * p.width + col2];
-  }
-  s_acc[ty][tx] = acc;
-  __syncthreads();
-  if (ty == 0 && col2 < 2 * p.width) {
-    for (int r = 1; r < kReduceRows; ++r) acc += s_acc[r][tx];
-    if (col2 < p.width) {
-      store1(p.dgamma, p.w_dtype, col2, acc);
-    } else {
-      store1(p.dbeta, p.w_dtype, col2 - p.width, acc);
-    }
+// dgamma[c] = sum_b partials[b][0][c], dbeta[c] = sum_b partials[b][1][c] (and dr_bias[c] =
+// sum_b partials[b][2][c]): the (blocks, nq C) partials summed down their columns.
+__global__ void __launch_bounds__(kColSumThreads) layer_norm_param_grads_reduce_kernel(const AddLayerNormParams p,
+                                                                                       int blocks, int nq) {
+  const int cols = nq * p.width;
+  const float acc = column_sum_of_partials(p.partials, blocks, cols, cols);
+  const int col = blockIdx.x * kColSumCols + threadIdx.x;  // in [0, nq C): dgamma's, dbeta's, dr_bias's
+  if (threadIdx.x >= kColSumCols || col >= cols) return;
+  const int q = col / p.width, c = col % p.width;
+  if (q == 0) {
+    store1(p.dgamma, p.w_dtype, c, acc);
+  } else if (q == 1) {
+    store1(p.dbeta, p.w_dtype, c, acc);
+  } else {
+    store1(p.dr_bias, p.r_bias_dtype, c, acc);
   }
 }
 
@@ -184,6 +198,8 @@ cudaError_t with_slots(int width, Fn&& fn) {
   if (nvec <= 64) return fn(std::integral_constant<int, 2>{});
   return fn(std::integral_constant<int, 4>{});
 }
+
+bool has_r_bias(const AddLayerNormParams& p) { return p.r != nullptr && p.r_bias != nullptr; }
 
 }  // namespace
 
@@ -196,8 +212,11 @@ int add_layer_norm_backward_blocks(const AddLayerNormParams& p) {
   return int(std::max<int64_t>(1, std::min<int64_t>(by_rows, 2 * int64_t(std::max(p.num_sms, 1)))));
 }
 
+int add_layer_norm_backward_partials(const AddLayerNormParams& p) { return has_r_bias(p) ? 3 : 2; }
+
 cudaError_t run_add_layer_norm_fwd(const AddLayerNormParams& p, cudaStream_t stream) {
   if (!add_layer_norm_supported(p.width)) return cudaErrorInvalidValue;
+  if (p.r_bias != nullptr && p.r == nullptr) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   const int64_t blocks = (p.rows + kWarps - 1) / kWarps;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
@@ -209,15 +228,23 @@ cudaError_t run_add_layer_norm_fwd(const AddLayerNormParams& p, cudaStream_t str
 
 cudaError_t run_add_layer_norm_bwd(const AddLayerNormParams& p, cudaStream_t stream) {
   if (!add_layer_norm_supported(p.width)) return cudaErrorInvalidValue;
+  if (p.r_bias != nullptr && (p.r == nullptr || p.dr_bias == nullptr)) return cudaErrorInvalidValue;
   const int blocks = add_layer_norm_backward_blocks(p);
-  // rows == 0 still runs: the partials are then zeros and so are dgamma, dbeta.
+  const bool bias = has_r_bias(p);
+  // rows == 0 still runs: the partials are then zeros and so are the parameter gradients.
   cudaError_t err = with_slots(p.width, [&](auto slots) {
-    add_layer_norm_bwd_kernel<decltype(slots)::value><<<blocks, kThreads, 0, stream>>>(p);
+    constexpr int kSlots = decltype(slots)::value;
+    if (bias) {
+      add_layer_norm_bwd_kernel<kSlots, true><<<blocks, kThreads, 0, stream>>>(p);
+    } else {
+      add_layer_norm_bwd_kernel<kSlots, false><<<blocks, kThreads, 0, stream>>>(p);
+    }
     return cudaGetLastError();
   });
   if (err != cudaSuccess) return err;
-  const int reduce_blocks = (2 * p.width + kReduceCols - 1) / kReduceCols;
-  gamma_beta_reduce_kernel<<<reduce_blocks, kReduceCols * kReduceRows, 0, stream>>>(p, blocks);
+  const int nq = add_layer_norm_backward_partials(p);
+  const int reduce_blocks = (nq * p.width + kColSumCols - 1) / kColSumCols;
+  layer_norm_param_grads_reduce_kernel<<<reduce_blocks, kColSumThreads, 0, stream>>>(p, blocks, nq);
   return cudaGetLastError();
 }
 

@@ -1,12 +1,16 @@
 // Torch-free parameters of the fused residual add + LayerNorm kernels (add_layer_norm.cu), over N
 // rows of width C (row-major, contiguous):
-//   forward   s = x + r (r optional; rounded to s's dtype),  mean, rstd = 1 / sqrt(var + eps) of s
-//             in float32 (biased variance),  y = (s - mean) rstd gamma + beta   (in y's dtype)
+//   forward   s = x + (r + r_bias) (r optional; r_bias optional, only with r, broadcast over rows;
+//             r + r_bias in float32, s rounded to s's dtype),  mean, rstd = 1 / sqrt(var + eps) of
+//             s in float32 (biased variance),  y = (s - mean) rstd gamma + beta   (in y's dtype)
 //   backward  xhat = (s - mean) rstd,  g = dy gamma,
 //             dsum = rstd (g - mean_c(g) - xhat mean_c(g xhat)) + ds   (ds optional)
 //             dx = dsum (x's dtype),  dr = dsum (r's dtype, optional),
-//             dgamma = sum_rows dy xhat,  dbeta = sum_rows dy   (per-block partials, then a
-//             second tiny kernel sums them in a fixed order: deterministic)
+//             dgamma = sum_rows dy xhat,  dbeta = sum_rows dy,  dr_bias = sum_rows dsum (with
+//             r_bias)   (per-block partials, then a second tiny kernel sums them in a fixed order:
+//             deterministic)
+// r_bias is the bias of the GEMM that made r (the feed-forward's ff_out), run without it: adding it
+// here spares that GEMM's bias gradient its own column-sum pass over dr.
 // Every tensor is fp16, bf16 or fp32 (each its own); C a multiple of 8 up to kMaxWidth, every
 // pointer 16-byte aligned.
 #pragma once
@@ -30,6 +34,8 @@ struct AddLayerNormParams {
   DType x_dtype = DType::kFloat;
   const void* r = nullptr;  // (N, C) or nullptr (plain LayerNorm of x)
   DType r_dtype = DType::kBFloat16;
+  const void* r_bias = nullptr;  // (C) or nullptr; only with r (the backward reads it as a flag)
+  DType r_bias_dtype = DType::kFloat;
   const void* gamma = nullptr;  // (C)
   const void* beta = nullptr;   // (C)
   DType w_dtype = DType::kFloat;
@@ -47,16 +53,19 @@ struct AddLayerNormParams {
   // backward outputs
   void* dx = nullptr;  // (N, C), x's dtype
   void* dr = nullptr;  // (N, C), r's dtype, or nullptr
-  float* partials = nullptr;  // (backward_blocks, 2, C) scratch: dgamma, dbeta per block
+  float* partials = nullptr;  // (backward_blocks, backward_partials, C) scratch: dgamma, dbeta(, dr_bias) per block
   void* dgamma = nullptr;     // (C), w's dtype
   void* dbeta = nullptr;      // (C), w's dtype
+  void* dr_bias = nullptr;    // (C), r_bias's dtype (with r_bias)
 };
 
 constexpr int kAddLayerNormMaxWidth = 1024;
 
 bool add_layer_norm_supported(int64_t width);
-// Blocks of the backward launch = rows of `partials` the caller allocates.
+// Blocks of the backward launch, and the quantities each writes (2, 3 with r_bias): `partials` is
+// (add_layer_norm_backward_blocks, add_layer_norm_backward_partials, C) float32.
 int add_layer_norm_backward_blocks(const AddLayerNormParams& p);
+int add_layer_norm_backward_partials(const AddLayerNormParams& p);
 
 cudaError_t run_add_layer_norm_fwd(const AddLayerNormParams& p, cudaStream_t stream);
 cudaError_t run_add_layer_norm_bwd(const AddLayerNormParams& p, cudaStream_t stream);

@@ -1,7 +1,8 @@
 // Device helpers shared by the fused trainer kernels (model/fused/cuda/*.cu): 8 consecutive
 // elements of a runtime-typed (fp16 / bf16 / fp32) row in and out of float registers with 16-byte
-// accesses, dtype rounding, and warp sums. The dtype switch is uniform across a launch, so it
-// costs a predicated branch, not divergence; it spares a template instance per dtype combination.
+// accesses, dtype rounding, warp sums, and the fixed-order column sums of per-block partials. The
+// dtype switch is uniform across a launch, so it costs a predicated branch, not divergence; it
+// spares a template instance per dtype combination.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -95,6 +96,29 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int m = 16; m >= 1; m >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
   return v;
+}
+
+// Column sums of per-block partials, in a fixed order (deterministic): `rows` rows of float32,
+// `stride` floats apart; a thread block of kColSumCols x kColSumRows threads takes kColSumCols
+// consecutive columns, its thread rows stride over the rows, then one shared-memory sum over the
+// thread rows. Returns the sum of column `blockIdx.x * kColSumCols + threadIdx.x % kColSumCols` to
+// the threads of thread row 0 (threadIdx.x < kColSumCols), 0 to the others; `cols` bounds it.
+constexpr int kColSumCols = 32, kColSumRows = 8, kColSumThreads = kColSumCols * kColSumRows;
+
+__device__ __forceinline__ float column_sum_of_partials(const float* partials, int rows, int64_t stride, int cols) {
+  __shared__ float s_acc[kColSumRows][kColSumCols + 1];
+  const int tx = threadIdx.x % kColSumCols, ty = threadIdx.x / kColSumCols;
+  const int col = blockIdx.x * kColSumCols + tx;
+  float acc = 0.f;
+  if (col < cols) {
+    for (int b = ty; b < rows; b += kColSumRows) acc += partials[int64_t(b) * stride + col];
+  }
+  s_acc[ty][tx] = acc;
+  __syncthreads();
+  if (ty != 0) return 0.f;
+#pragma unroll
+  for (int r = 1; r < kColSumRows; ++r) acc += s_acc[r][tx];
+  return acc;
 }
 
 }  // namespace flashcos::cuda::fused
