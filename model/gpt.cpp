@@ -17,6 +17,7 @@
 #include <flashcos/fastmax.h>
 #include "common/log.h"
 #include "model/fused/add_layer_norm.h"
+#include "model/fused/bias_gelu.h"
 #include "model/fused/classifier_cross_entropy.h"
 #include "model/fused/switch.h"
 
@@ -43,13 +44,17 @@ void log_sdpa_backend(const torch::Tensor& q, const torch::Tensor& k, const torc
   });
 }
 
-// sum = x + r (r undefined: x) and LayerNorm(sum): on CUDA one fused kernel each way that writes
-// the norm in the next GEMM's dtype (model/fused/add_layer_norm.h), else libtorch ops.
-fused::AddLayerNormOut add_norm(const torch::Tensor& x, const torch::Tensor& r, torch::nn::LayerNorm& norm) {
+// sum = x + (pending + pending_bias) (either undefined: left out) and LayerNorm(sum): on CUDA one
+// fused kernel each way that writes the norm in the next GEMM's dtype (model/fused/
+// add_layer_norm.h), else libtorch ops.
+fused::AddLayerNormOut add_norm(const Residual& in, torch::nn::LayerNorm& norm) {
+  const torch::Tensor &x = in.x, &r = in.pending, &bias = in.pending_bias;
   if (fused::fused_ops_enabled(x)) {
-    return fused::add_layer_norm(x, r, norm->weight, norm->bias, norm->options.eps(), fused::activation_dtype(x));
+    return fused::add_layer_norm(x, r, bias, norm->weight, norm->bias, norm->options.eps(), fused::activation_dtype(x));
   }
-  auto sum = r.defined() ? x + r : x;
+  // A bias comes only from the fused path (FLASHCOS_FUSED_OPS changed in between): r + bias first,
+  // as the fused op adds it.
+  auto sum = r.defined() ? x + (bias.defined() ? r + bias : r) : x;
   return {sum, norm(sum)};
 }
 
@@ -208,9 +213,14 @@ BlockImpl::BlockImpl(const ModelConfig& cfg) {
 }
 
 Residual BlockImpl::forward(const Residual& in) {
-  auto a = add_norm(in.x, in.pending, norm_attn_);
-  auto f = add_norm(a.sum, attn_(a.normed), norm_ff_);
-  return {f.sum, ff_out_(F::gelu(ff_in_(f.normed)))};
+  auto a = add_norm(in, norm_attn_);
+  auto f = add_norm({a.sum, attn_(a.normed), {}}, norm_ff_);
+  if (!fused::fused_ops_enabled(f.normed)) return {f.sum, ff_out_(F::gelu(ff_in_(f.normed))), {}};
+  // Both feed-forward GEMMs without their biases: ff_in's joins its GELU in one op each way
+  // (model/fused/bias_gelu.h, whose backward also sums its gradient), ff_out's rides along to the
+  // next add + LayerNorm, which adds it and sums its gradient (model/fused/add_layer_norm.h).
+  auto h = fused::bias_gelu(F::linear(f.normed, ff_in_->weight), ff_in_->bias);
+  return {f.sum, F::linear(h, ff_out_->weight), ff_out_->bias};
 }
 
 torch::Tensor BlockImpl::forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos) {
@@ -241,7 +251,7 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   const auto r = trunk(tokens);
-  return to_logits_(add_norm(r.x, r.pending, norm_out_).normed);
+  return to_logits_(add_norm(r, norm_out_).normed);
 }
 
 Residual GPTImpl::trunk(const torch::Tensor& tokens) {
@@ -252,7 +262,7 @@ Residual GPTImpl::trunk(const torch::Tensor& tokens) {
                 cfg_.max_seq_len, " (learned positions)");
     x = x + pos_emb_(torch::arange(T, tokens.options())).unsqueeze(0);
   }
-  Residual r{x, {}};
+  Residual r{x, {}, {}};
   for (const auto& block : *blocks_) r = block->as<Block>()->forward(r);
   return r;
 }
@@ -290,7 +300,7 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& window) {
   auto input = window.slice(1, 0, window.size(1) - 1);
   auto target = window.slice(1, 1, window.size(1));
   const auto r = trunk(input);
-  const auto h = add_norm(r.x, r.pending, norm_out_).normed;  // in the classifier's dtype
+  const auto h = add_norm(r, norm_out_).normed;  // in the classifier's dtype
   if (fused::fused_ops_enabled(h)) {
     // The chunked classifier + cross-entropy: the float32 (B T, 256) logits are never written.
     return fused::classifier_cross_entropy(h, to_logits_->weight, to_logits_->bias, target.reshape({-1}),

@@ -56,9 +56,13 @@ TORCH_MODULE(Attention);
 // The residual stream between blocks: x, plus the last block's feed-forward output `pending`
 // (undefined when none) that the next LayerNorm adds in the same pass as it normalises (one
 // fused add + LayerNorm kernel on CUDA, model/fused/add_layer_norm.h) instead of a separate
-// float32 add over the whole stream. The stream itself is x + pending.
+// float32 add over the whole stream. With the fused operators, `pending` comes from ff_out's GEMM
+// run without its bias and `pending_bias` is that bias (ff_out.bias itself), which the same kernel
+// adds (in float32) and whose gradient its backward sums; on the composite path (CPU,
+// FLASHCOS_FUSED_OPS=0) pending already holds the bias (libtorch's linear) and pending_bias is
+// undefined. The stream itself is x + (pending + pending_bias).
 struct Residual {
-  torch::Tensor x, pending;
+  torch::Tensor x, pending, pending_bias;
 };
 
 class BlockImpl : public torch::nn::Module {

@@ -2,10 +2,16 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 namespace flashcos::model::fused {
+namespace {
+
+std::atomic<int> g_fused_on_cpu{0};  // live FusedOpsOnCpuForTesting objects
+
+}  // namespace
 
 bool kernels_compiled() {
 #ifdef FLASHCOS_WITH_CUDA
@@ -16,7 +22,9 @@ bool kernels_compiled() {
 }
 
 bool fused_ops_enabled(const at::Tensor& t) {
-  if (!t.defined() || !t.is_cuda() || !kernels_compiled()) return false;
+  if (!t.defined()) return false;
+  const bool device_ok = t.is_cuda() ? kernels_compiled() : t.is_cpu() && g_fused_on_cpu.load() > 0;
+  if (!device_ok) return false;
   const char* env = std::getenv("FLASHCOS_FUSED_OPS");
   return env == nullptr || std::strcmp(env, "0") != 0;
 }
@@ -28,5 +36,8 @@ at::ScalarType activation_dtype(const at::Tensor& t) {
   }
   return t.scalar_type();
 }
+
+FusedOpsOnCpuForTesting::FusedOpsOnCpuForTesting() { ++g_fused_on_cpu; }
+FusedOpsOnCpuForTesting::~FusedOpsOnCpuForTesting() { --g_fused_on_cpu; }
 
 }  // namespace flashcos::model::fused

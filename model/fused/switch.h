@@ -1,7 +1,7 @@
 // When the model uses the fused trainer operators (model/fused/): on CUDA tensors, in a build with
 // the CUDA kernels, unless FLASHCOS_FUSED_OPS=0 is set (read on every call, for comparisons
 // between the fused and the composite step in one build). CPU tensors always take the composite
-// libtorch ops, so CPU training is unchanged.
+// libtorch ops, so CPU training is unchanged (tests can lift that, below).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,5 +13,17 @@ bool fused_ops_enabled(const at::Tensor& t);
 // The dtype the layer after a norm computes in: autocast's dtype where autocast is on for t's
 // device, else t's own. The fused norms write their output in it (no separate cast pass).
 at::ScalarType activation_dtype(const at::Tensor& t);
+
+// For tests: while one of these lives, fused_ops_enabled is also true for CPU tensors (still false
+// under FLASHCOS_FUSED_OPS=0), so that the model takes its fused structure (the carried biases,
+// the fused Functions) with the operators' libtorch-op paths, which a CPU test can check against
+// the plain pre-LN block in float64. Process-wide; not for training.
+class FusedOpsOnCpuForTesting {
+ public:
+  FusedOpsOnCpuForTesting();
+  ~FusedOpsOnCpuForTesting();
+  FusedOpsOnCpuForTesting(const FusedOpsOnCpuForTesting&) = delete;
+  FusedOpsOnCpuForTesting& operator=(const FusedOpsOnCpuForTesting&) = delete;
+};
 
 }  // namespace flashcos::model::fused
