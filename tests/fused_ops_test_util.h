@@ -29,14 +29,23 @@ inline std::vector<at::Tensor> leaves(std::vector<at::Tensor> ts, at::ScalarType
 }
 
 // The composite add + LayerNorm of the model: s = x + r; y = layer_norm(s in float32 (float64 for
-// double), gamma, beta).to(out_dtype). r may be undefined.
+// double), gamma, beta).to(out_dtype). r may be undefined. With r_bias (the bias of the GEMM that
+// made r), r + r_bias is taken in r's dtype first, as libtorch's linear with its bias would give r.
 inline std::pair<at::Tensor, at::Tensor> composite_add_layer_norm(const at::Tensor& x, const at::Tensor& r,
                                                                   const at::Tensor& gamma, const at::Tensor& beta,
-                                                                  double eps, at::ScalarType out_dtype) {
-  at::Tensor s = r.defined() ? x + r : x;
+                                                                  double eps, at::ScalarType out_dtype,
+                                                                  const at::Tensor& r_bias = at::Tensor()) {
+  const at::Tensor rb = r_bias.defined() ? r + r_bias.to(r.scalar_type()) : r;
+  at::Tensor s = r.defined() ? x + rb : x;
   const auto ct = s.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor y = at::layer_norm(s.to(ct), {s.size(-1)}, gamma.to(ct), beta.to(ct), eps).to(out_dtype);
   return {s, y};
+}
+
+// The composite bias + GELU of the model: gelu(linear's output with its bias) in dt, i.e. the bias
+// cast to dt and added in dt, then at::gelu (approximate 'none') in dt.
+inline at::Tensor composite_bias_gelu(const at::Tensor& y, const at::Tensor& b, at::ScalarType dt) {
+  return at::gelu(y.to(dt) + b.to(dt));
 }
 
 // The composite classifier + cross entropy: F::cross_entropy(linear(h, W, b).to(float), target).

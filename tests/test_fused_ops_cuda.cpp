@@ -2,8 +2,9 @@
 // forward and every gradient against a float64 reference, bounded by twice the error of the
 // composite libtorch ops run in the same dtype plus a floor (flash-attention's criterion).
 // FLASHCOS_POISON=1 is set, so every output starts as NaN and a row or column a kernel leaves
-// unwritten fails. Odd sizes: rows 1, 63, 127, 1000; widths 8, 24, 512, 520, 1024 (kernel) and
-// 63, 1032 (the op path on CUDA).
+// unwritten fails. Odd sizes: rows 1, 63, 127, 1000 (5000, 20001: several rows a warp); add +
+// LayerNorm (with and without the residual branch's bias) widths 8, 24, 512, 520, 1024 (kernel)
+// and 63, 1032 (the op path on CUDA); bias + GELU widths 8, 24, 520, 2048 (kernel), 63, 1001.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "model/fused/add_layer_norm.h"
+#include "model/fused/bias_gelu.h"
 #include "model/fused/classifier_cross_entropy.h"
 #include "model/fused/switch.h"
 #include "model/autocast.h"
@@ -42,12 +44,14 @@ struct LnCase {
   at::ScalarType residual;  // dtype of x (the residual stream)
   int64_t rows, width;
   bool add;
+  at::ScalarType bias = at::ScalarType::Undefined;  // r_bias's dtype (with add), Undefined: none
 };
 
 std::string ln_name(const ::testing::TestParamInfo<LnCase>& info) {
   const auto& c = info.param;
   return std::string(dtype_name(c.act)) + "_x" + dtype_name(c.residual) + "_rows" + std::to_string(c.rows) +
-         "_width" + std::to_string(c.width) + (c.add ? "_add" : "_plain");
+         "_width" + std::to_string(c.width) + (c.add ? "_add" : "_plain") +
+         (c.bias != at::ScalarType::Undefined ? std::string("_bias") + dtype_name(c.bias) : "");
 }
 
 class AddLayerNormCuda : public ::testing::TestWithParam<LnCase> {
@@ -61,62 +65,67 @@ class AddLayerNormCuda : public ::testing::TestWithParam<LnCase> {
 
 TEST_P(AddLayerNormCuda, ForwardAndGradsVsFp64) {
   const LnCase c = GetParam();
-  at::manual_seed(c.rows * 131 + c.width * 3 + c.add + int(c.act));
+  const bool has_bias = c.bias != at::ScalarType::Undefined;
+  at::manual_seed(c.rows * 131 + c.width * 3 + c.add + int(c.act) + 11 * has_bias);
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kDouble);
   const double eps = 1e-5;
   at::Tensor x = (at::randn({c.rows, c.width}, opt) * 2 + 0.5).to(c.residual);
   at::Tensor r = c.add ? at::randn({c.rows, c.width}, opt).to(c.act) : at::Tensor();
+  at::Tensor r_bias = has_bias ? (0.5 * at::randn({c.width}, opt)).to(c.bias) : at::Tensor();
   at::Tensor gamma = (1 + 0.3 * at::randn({c.width}, opt)).to(at::kFloat);
   at::Tensor beta = (0.1 * at::randn({c.width}, opt)).to(at::kFloat);
-  const auto s_dtype = c.add ? at::result_type(x, r) : c.residual;
+  auto s_dtype = c.add ? at::result_type(x, r) : c.residual;
+  if (has_bias) s_dtype = at::promote_types(s_dtype, c.bias);
   at::Tensor dy = at::randn({c.rows, c.width}, opt).to(c.act);
   at::Tensor ds = at::randn({c.rows, c.width}, opt).to(s_dtype);
 
   auto run = [&](bool ours, at::ScalarType in_dtype, at::ScalarType out_dtype) {
-    auto in = ft::leaves({x, r, gamma, beta}, in_dtype);
+    auto in = ft::leaves({x, r, gamma, beta, r_bias}, in_dtype);
     std::pair<at::Tensor, at::Tensor> sy;
     if (ours) {
-      auto o = fused::add_layer_norm(in[0], in[1], in[2], in[3], eps, out_dtype);
+      auto o = fused::add_layer_norm(in[0], in[1], in[4], in[2], in[3], eps, out_dtype);
       sy = {o.sum, o.normed};
     } else {
-      sy = ft::composite_add_layer_norm(in[0], in[1], in[2], in[3], eps, out_dtype);
+      sy = ft::composite_add_layer_norm(in[0], in[1], in[2], in[3], eps, out_dtype, in[4]);
     }
     std::vector<at::Tensor> outs{sy.second}, up{dy.to(out_dtype)};
     if (c.add) outs.push_back(sy.first), up.push_back(ds.to(sy.first.scalar_type()));
     torch::autograd::backward(outs, up);
     in.push_back(sy.first);
     in.push_back(sy.second);
-    return in;  // x, r, gamma, beta (with grads), sum, normed
+    return in;  // x, r, gamma, beta, r_bias (with grads), sum, normed
   };
   auto got = run(true, at::ScalarType::Undefined, c.act);
   auto ref = run(false, at::kDouble, at::kDouble);
   auto comp = run(false, at::ScalarType::Undefined, c.act);
-  ASSERT_EQ(got[5].scalar_type(), c.act);
-  EXPECT_EQ(fused::add_layer_norm_uses_kernel(x, r, gamma, c.act),
-            c.width % 8 == 0 && c.width <= 1024);
+  ASSERT_EQ(got[6].scalar_type(), c.act);
+  EXPECT_EQ(fused::add_layer_norm_uses_kernel(x, r, gamma, c.act, r_bias), c.width % 8 == 0 && c.width <= 1024);
 
   auto check = [&](int i, const char* what, at::ScalarType dt) {
-    const at::Tensor g = i < 4 ? got[i].grad() : got[i];
-    const at::Tensor rf = i < 4 ? ref[i].grad() : ref[i];
-    const at::Tensor cp = i < 4 ? comp[i].grad() : comp[i];
+    const at::Tensor g = i < 5 ? got[i].grad() : got[i];
+    const at::Tensor rf = i < 5 ? ref[i].grad() : ref[i];
+    const at::Tensor cp = i < 5 ? comp[i].grad() : comp[i];
     ASSERT_TRUE(g.defined()) << what;
     ASSERT_TRUE(ft::all_finite(g)) << what << " has NaN / inf (unwritten under poison?)";
-    if (i < 4) ASSERT_EQ(g.scalar_type(), (i == 1 ? r : i == 0 ? x : gamma).scalar_type()) << what;
+    if (i < 5) {
+      ASSERT_EQ(g.scalar_type(), (i == 1 ? r : i == 0 ? x : i == 4 ? r_bias : gamma).scalar_type()) << what;
+    }
     const double err = ft::max_abs_diff(g, rf);
-    // dgamma / dbeta sum over rows: their floor grows with sqrt(rows).
-    const double scale = (1 + ft::max_abs(rf)) * (i >= 2 && i < 4 ? std::sqrt(double(c.rows)) : 1.0);
+    // dgamma / dbeta / d r_bias sum over rows: their floor grows with sqrt(rows).
+    const double scale = (1 + ft::max_abs(rf)) * (i >= 2 && i < 5 ? std::sqrt(double(c.rows)) : 1.0);
     // float32: sums over the row / rows in another order than libtorch's, a few ulps more.
     const double bound = 2 * ft::max_abs_diff(cp, rf) + (dt == at::kFloat ? 32 : 4) * unit_eps(dt) * scale;
     EXPECT_LE(err, bound) << what << ": max |ours - fp64| " << err << " > " << bound;
   };
-  check(5, "normed", c.act);
+  check(6, "normed", c.act);
   check(0, "dx", c.residual);
   check(2, "dgamma", at::kFloat);
   check(3, "dbeta", at::kFloat);
   if (c.add) {
-    check(4, "sum", s_dtype);
+    check(5, "sum", s_dtype);
     check(1, "dr", c.act);
   }
+  if (has_bias) check(4, "dr_bias", c.bias);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -129,9 +138,98 @@ INSTANTIATE_TEST_SUITE_P(
         LnCase{at::kBFloat16, at::kBFloat16, 127, 24, true}, LnCase{at::kHalf, at::kFloat, 127, 512, true},
         LnCase{at::kHalf, at::kHalf, 1000, 8, true}, LnCase{at::kFloat, at::kFloat, 1, 8, false},
         LnCase{at::kFloat, at::kFloat, 127, 520, true}, LnCase{at::kFloat, at::kFloat, 1000, 1024, false},
+        // With the residual branch's bias (ff_out's, float32 as the model's master weight): every
+        // slot count of the backward (widths 24, 512, 520 / 1024), rows 1 to 1000 (and 5000: several
+        // rows per warp on the backward's 2-blocks-an-SM grid).
+        LnCase{at::kBFloat16, at::kFloat, 1, 512, true, at::kFloat},
+        LnCase{at::kBFloat16, at::kFloat, 1000, 512, true, at::kFloat},
+        LnCase{at::kBFloat16, at::kFloat, 5000, 512, true, at::kFloat},
+        LnCase{at::kBFloat16, at::kFloat, 63, 1024, true, at::kFloat},
+        LnCase{at::kBFloat16, at::kBFloat16, 127, 24, true, at::kBFloat16},
+        LnCase{at::kHalf, at::kFloat, 127, 520, true, at::kFloat},
+        LnCase{at::kFloat, at::kFloat, 1000, 520, true, at::kFloat},
+        LnCase{at::kFloat, at::kFloat, 63, 8, true, at::kHalf},
         // Widths the kernel does not take: the op path, on CUDA.
-        LnCase{at::kBFloat16, at::kFloat, 63, 63, true}, LnCase{at::kFloat, at::kFloat, 1, 1032, true}),
+        LnCase{at::kBFloat16, at::kFloat, 63, 63, true}, LnCase{at::kFloat, at::kFloat, 1, 1032, true},
+        LnCase{at::kBFloat16, at::kFloat, 63, 63, true, at::kFloat}),
     ln_name);
+
+struct GeluCase {
+  at::ScalarType dtype;  // of y, h, dh, dy (the GEMMs' dtype)
+  at::ScalarType bias;   // of b and db (float32: the model's master weight)
+  int64_t rows, width;
+};
+
+std::string gelu_name(const ::testing::TestParamInfo<GeluCase>& info) {
+  const auto& c = info.param;
+  return std::string(dtype_name(c.dtype)) + "_bias" + dtype_name(c.bias) + "_rows" + std::to_string(c.rows) + "_width" +
+         std::to_string(c.width);
+}
+
+class BiasGeluCuda : public ::testing::TestWithParam<GeluCase> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    setenv("FLASHCOS_POISON", "1", 1);
+  }
+  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
+};
+
+// h = gelu(y + b), dy and db against float64, bounded by twice the error of the composite (linear's
+// bias cast to the GEMM dtype and added there, at::gelu and its backward in that dtype, db summed
+// from the rounded dy) plus a floor.
+TEST_P(BiasGeluCuda, ForwardAndGradsVsFp64) {
+  const GeluCase c = GetParam();
+  at::manual_seed(c.rows * 7 + c.width * 5 + int(c.dtype) + 3 * int(c.bias));
+  const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kDouble);
+  // (B, T, F) as the model passes it; pre-activations around 0, where GELU bends, out to +-6.
+  at::Tensor y = (2 * at::randn({1, c.rows, c.width}, opt)).to(c.dtype);
+  at::Tensor b = (0.5 * at::randn({c.width}, opt)).to(c.bias);
+  at::Tensor dh = at::randn({1, c.rows, c.width}, opt).to(c.dtype);
+
+  auto run = [&](int which) {  // 0 ours, 1 fp64 composite, 2 composite in c.dtype
+    auto in = ft::leaves({y, b}, which == 1 ? at::kDouble : at::ScalarType::Undefined);
+    at::Tensor h = which == 0 ? fused::bias_gelu(in[0], in[1])
+                              : ft::composite_bias_gelu(in[0], in[1], which == 1 ? at::kDouble : c.dtype);
+    h.backward(which == 1 ? dh.to(at::kDouble) : dh);
+    in.push_back(h);
+    return in;  // y, b (with grads), h
+  };
+  auto got = run(0), ref = run(1), comp = run(2);
+  EXPECT_EQ(fused::bias_gelu_uses_kernel(y, b), c.width % 8 == 0);
+  const char* names[] = {"dy", "db", "h"};
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor g = i < 2 ? got[i].grad() : got[i];
+    const at::Tensor rf = i < 2 ? ref[i].grad() : ref[i];
+    const at::Tensor cp = i < 2 ? comp[i].grad() : comp[i];
+    ASSERT_TRUE(g.defined()) << names[i];
+    ASSERT_TRUE(ft::all_finite(g)) << names[i] << " has NaN / inf (unwritten under poison?)";
+    ASSERT_EQ(g.scalar_type(), i == 1 ? c.bias : c.dtype) << names[i];
+    ASSERT_EQ(g.sizes(), (i == 1 ? b : y).sizes()) << names[i];
+    const double err = ft::max_abs_diff(g, rf);
+    // db sums rows: its floor grows with sqrt(rows); float32 erff / expf are a few ulps off.
+    const at::ScalarType dt = i == 1 ? c.bias : c.dtype;
+    const double scale = (1 + ft::max_abs(rf)) * (i == 1 ? std::sqrt(double(c.rows)) : 1.0);
+    const double bound = 2 * ft::max_abs_diff(cp, rf) + (dt == at::kFloat ? 32 : 4) * unit_eps(dt) * scale;
+    EXPECT_LE(err, bound) << names[i] << ": max |ours - fp64| " << err << " > " << bound;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BiasGeluCuda,
+    ::testing::Values(
+        // The model under bf16 autocast: ff_in's (B T, 4 C) output, float32 bias.
+        GeluCase{at::kBFloat16, at::kFloat, 1, 2048}, GeluCase{at::kBFloat16, at::kFloat, 63, 2048},
+        GeluCase{at::kBFloat16, at::kFloat, 1000, 2048}, GeluCase{at::kBFloat16, at::kFloat, 127, 520},
+        GeluCase{at::kBFloat16, at::kFloat, 1000, 24}, GeluCase{at::kBFloat16, at::kBFloat16, 127, 8},
+        // Many rows on few columns: every warp strides over several rows (and the forward's unroll
+        // has a remainder).
+        GeluCase{at::kBFloat16, at::kFloat, 20001, 24}, GeluCase{at::kHalf, at::kFloat, 127, 2048},
+        GeluCase{at::kHalf, at::kHalf, 1000, 520}, GeluCase{at::kFloat, at::kFloat, 1, 8},
+        GeluCase{at::kFloat, at::kFloat, 63, 2048}, GeluCase{at::kFloat, at::kFloat, 1000, 520},
+        // Widths the kernel does not take: the op path, on CUDA.
+        GeluCase{at::kBFloat16, at::kFloat, 63, 63}, GeluCase{at::kFloat, at::kFloat, 127, 1001}),
+    gelu_name);
 
 struct CeCase {
   at::ScalarType dtype;
@@ -217,6 +315,17 @@ TEST(FusedOpsCuda, GptLossAndGradsMatchTheCompositePath) {
   cfg.attention_impl = "plain";
   at::manual_seed(5);
   flashcos::model::GPT model(cfg);
+  {
+    // Non-zero biases and LayerNorm affines (the init zeroes the biases): a bias the fused path
+    // dropped (ff_in's in bias_gelu, ff_out's carried to the next norm), or a bias gradient it
+    // lost, would show in the loss or the gradients below.
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters()) {
+      const std::string& k = p.key();
+      const bool bias = k.size() >= 4 && k.compare(k.size() - 4, 4, "bias") == 0;
+      if (bias || k.find("norm") != std::string::npos) p.value().add_(0.2 * at::randn_like(p.value()));
+    }
+  }
   model->to(at::kCUDA);
   at::Tensor window = at::randint(0, 256, {2, 129}, at::TensorOptions().device(at::kCUDA).dtype(at::kLong));
   auto step = [&](const char* fused_env) {

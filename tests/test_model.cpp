@@ -11,10 +11,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "model/checkpoint.h"
+#include "model/fused/switch.h"
 #include "model/gpt.h"
 
 namespace fs = std::filesystem;
@@ -142,17 +145,11 @@ TEST(Model, AttentionImplementationsAgree) {
   }
 }
 
-// The blocks hand their feed-forward output on unadded (model/gpt.h, Residual): the logits and the
-// loss must still be those of the textbook pre-LN stack, x + attn(norm(x)), x + ff(norm(x)), with
-// the last block's output added before norm_out. Rebuilt here from the model's own submodules.
-TEST(Model, CarriedResidualIsThePreLnSum) {
-  torch::manual_seed(4);
-  auto cfg = tiny_config();
-  cfg.depth = 3;
-  GPT model(cfg);
-  model->to(torch::kDouble);
-  auto window = torch::randint(0, 256, {2, 41}, torch::kLong);
-  auto tokens = window.slice(1, 0, 40);
+namespace {
+
+// The textbook pre-LN stack rebuilt from a model's own submodules with torch ops: x + attn(norm(x)),
+// x + ff_out(gelu(ff_in(norm(x)))) per block, then norm_out and to_logits: (B, T) -> (B, T, 256).
+torch::Tensor pre_ln_logits(GPT& model, const torch::Tensor& tokens) {
   auto mods = model->named_modules("", /*include_self=*/false);
   auto norm = [&](const std::string& name, const torch::Tensor& x) {
     return mods[name]->as<torch::nn::LayerNorm>()->forward(x);
@@ -161,12 +158,40 @@ TEST(Model, CarriedResidualIsThePreLnSum) {
     return mods[name]->as<torch::nn::Linear>()->forward(x);
   };
   torch::Tensor x = mods["token_emb"]->as<torch::nn::Embedding>()->forward(tokens);
-  for (int64_t i = 0; i < cfg.depth; ++i) {
+  for (int64_t i = 0; i < model->config().depth; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     x = x + mods[b + "attn"]->as<flashcos::model::Attention>()->forward(norm(b + "norm_attn", x));
     x = x + linear(b + "ff_out", torch::gelu(linear(b + "ff_in", norm(b + "norm_ff", x))));
   }
-  const auto logits_ref = linear("to_logits", norm("norm_out", x));
+  return linear("to_logits", norm("norm_out", x));
+}
+
+// Adds N(0, 0.3^2) to every bias and LayerNorm weight / bias (the init zeroes the biases), so that
+// a bias left out anywhere changes the logits.
+void perturb_biases_and_norms(GPT& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters()) {
+    const std::string& k = p.key();
+    const bool bias = k.size() >= 4 && k.compare(k.size() - 4, 4, "bias") == 0;
+    if (bias || k.find("norm") != std::string::npos) p.value().add_(0.3 * torch::randn_like(p.value()));
+  }
+}
+
+}  // namespace
+
+// The blocks hand their feed-forward output on unadded (model/gpt.h, Residual): the logits and the
+// loss must still be those of the textbook pre-LN stack, with the last block's output added before
+// norm_out.
+TEST(Model, CarriedResidualIsThePreLnSum) {
+  torch::manual_seed(4);
+  auto cfg = tiny_config();
+  cfg.depth = 3;
+  GPT model(cfg);
+  model->to(torch::kDouble);
+  perturb_biases_and_norms(model);
+  auto window = torch::randint(0, 256, {2, 41}, torch::kLong);
+  auto tokens = window.slice(1, 0, 40);
+  const auto logits_ref = pre_ln_logits(model, tokens);
   const auto logits = model->forward(tokens);
   const double scale = logits_ref.abs().max().item<double>();
   EXPECT_LE((logits - logits_ref).abs().max().item<double>(), 1e-12 * scale);
@@ -174,6 +199,51 @@ TEST(Model, CarriedResidualIsThePreLnSum) {
   const auto loss_ref =
       torch::cross_entropy_loss(logits_ref.reshape({-1, 256}).to(torch::kFloat), window.slice(1, 1, 41).reshape({-1}));
   EXPECT_NEAR(model->loss(window).item<double>(), loss_ref.item<double>(), 1e-6);
+}
+
+// The loss and every parameter's gradient against the textbook pre-LN stack (float64, random
+// biases and norms), on the composite path CPU training takes and with the fused structure the
+// CUDA path takes (fused::FusedOpsOnCpuForTesting: the operators' libtorch-op paths): ff_in's bias
+// inside fused::bias_gelu, ff_out's GEMM without its bias and the bias carried in Residual to the
+// next add + LayerNorm, which adds it and sums its gradient. A bias dropped or a bias gradient lost
+// on either path fails here.
+TEST(Model, CarriedBiasesAndAllGradientsMatchThePreLnBlock) {
+  torch::manual_seed(6);
+  auto cfg = tiny_config();
+  cfg.depth = 3;
+  GPT model(cfg);
+  model->to(torch::kDouble);
+  perturb_biases_and_norms(model);
+  auto window = torch::randint(0, 256, {2, 41}, torch::kLong);
+  auto tokens = window.slice(1, 0, 40);
+  auto target = window.slice(1, 1, 41).reshape({-1});
+  // The float64 cross entropy of the logits, and every parameter's gradient of it.
+  auto run = [&](const std::function<torch::Tensor()>& logits) {
+    model->zero_grad();
+    auto loss = torch::cross_entropy_loss(logits().reshape({-1, 256}), target);
+    loss.backward();
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto ref = run([&] { return pre_ln_logits(model, tokens); });
+  const auto names = model->named_parameters();
+  for (const bool fused_structure : {false, true}) {
+    SCOPED_TRACE(fused_structure ? "fused structure" : "composite path");
+    std::optional<flashcos::model::fused::FusedOpsOnCpuForTesting> on;
+    if (fused_structure) on.emplace();
+    const auto got = run([&] { return model->forward(tokens); });
+    EXPECT_NEAR(got.first, ref.first, 1e-12 * ref.first);
+    for (size_t i = 0; i < ref.second.size(); ++i) {
+      ASSERT_TRUE(got.second[i].defined()) << names[i].key() << " got no gradient";
+      const double scale = ref.second[i].abs().max().item<double>();
+      EXPECT_GT(scale, 0.0) << names[i].key();
+      EXPECT_LE((got.second[i] - ref.second[i]).abs().max().item<double>(), 1e-10 * scale) << names[i].key();
+    }
+    // GPT::loss: float32 cross entropy on the composite path, float64 in the fused classifier's.
+    const double loss = model->loss(window).item<double>();
+    EXPECT_NEAR(loss, ref.first, fused_structure ? 1e-12 * ref.first : 1e-6 * (1 + ref.first));
+  }
 }
 
 TEST(Checkpoint, RoundTripRestoresModelAndConfig) {
