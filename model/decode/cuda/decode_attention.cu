@@ -26,6 +26,8 @@ constexpr int kMaxHead = 256;
 constexpr int kPerThread = kMaxHead / kThreads;  // q / k features one thread prepares
 constexpr int kMinKeysPerSplit = 64;
 constexpr int kUnroll = 4;  // keys per group whose loads are in flight together
+constexpr int kCombineLoads = 8;  // partial rows per thread whose loads are in flight together
+static_assert(kCombineLoads == 8, "the combine's tree_sum adds 8 accumulators");
 
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const DecodeAttentionParams p) {
   __shared__ float q_s[kMaxHead];
@@ -190,26 +192,36 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const Decode
   __syncthreads();
   if (!last_block) return;
   __threadfence();
-  // P threads per column sum every P-th row (four independent loads in flight each), in a fixed
-  // order; the threads of column 0 also sum l. Then the P part sums per column.
+  // P threads per column sum every P-th row in a fixed order, kCombineLoads independent loads in
+  // flight each. Every thread also sums the l column in the same loop (column 0's threads keep
+  // it): its loads go out beside the others, where a second pass doubled the chain of memory round
+  // trips of column 0's threads. Then the P part sums per column.
   const float* rows = p.partials + int64_t(h) * S * (HS + 1);
   const int parts = min(kWarps, max(1, kThreads / HS));
-  auto row_sum = [&](int part, int col) {
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-    int r = part;
-    for (; r + 3 * parts < S; r += 4 * parts) {
-      a0 += __ldcg(rows + int64_t(r) * (HS + 1) + col);
-      a1 += __ldcg(rows + int64_t(r + parts) * (HS + 1) + col);
-      a2 += __ldcg(rows + int64_t(r + 2 * parts) * (HS + 1) + col);
-      a3 += __ldcg(rows + int64_t(r + 3 * parts) * (HS + 1) + col);
-    }
-    for (; r < S; r += parts) a0 += __ldcg(rows + int64_t(r) * (HS + 1) + col);
-    return (a0 + a1) + (a2 + a3);
+  auto tree_sum = [](const float (&a)[kCombineLoads]) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
   };
   for (int w = threadIdx.x; w < HS * parts; w += kThreads) {
     const int col = w % HS, part = w / HS;
-    red[part][col] = row_sum(part, col);
-    if (col == 0) red[part][HS] = row_sum(part, HS);
+    float a[kCombineLoads], b[kCombineLoads];
+#pragma unroll
+    for (int u = 0; u < kCombineLoads; ++u) a[u] = b[u] = 0.f;
+    int r = part;
+    for (; r + (kCombineLoads - 1) * parts < S; r += kCombineLoads * parts) {
+#pragma unroll
+      for (int u = 0; u < kCombineLoads; ++u) {
+        const float* row = rows + int64_t(r + u * parts) * (HS + 1);
+        a[u] += __ldcg(row + col);
+        b[u] += __ldcg(row + HS);  // the lanes of a part share this address: no branch
+      }
+    }
+    for (; r < S; r += parts) {
+      const float* row = rows + int64_t(r) * (HS + 1);
+      a[0] += __ldcg(row + col);
+      b[0] += __ldcg(row + HS);
+    }
+    red[part][col] = tree_sum(a);
+    if (col == 0) red[part][HS] = tree_sum(b);
   }
   __syncthreads();
   for (int t = threadIdx.x; t <= HS; t += kThreads) {  // k_s (free now) takes the totals, l at HS
