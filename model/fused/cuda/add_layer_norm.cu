@@ -81,8 +81,9 @@ __global__ void __launch_bounds__(kThreads) add_layer_norm_fwd_kernel(const AddL
 
 // kBias: the forward added r_bias, whose gradient (the column sums of dsum) is a third partial.
 // The grid has 2 blocks an SM (add_layer_norm_backward_blocks): up to 2 slots they must both be
-// resident, so at most 128 registers a thread (the bias's 16 accumulators take <2, true> from 134
-// to the cap on sm_90 without a spill; sm_80 spills 16 bytes there).
+// resident, so at most 128 registers a thread. With kBias the 16 more accumulators of 2 slots took
+// the kernel to 134 registers, and to a 16-byte spill in the row loop at the cap (ptxas, sm_90);
+// recomputing xhat from a second load of s (below) brings it to 118 (sm_90) / 114 (sm_80).
 template <int kSlots, bool kBias>
 __global__ void __launch_bounds__(kThreads, kSlots <= 2 ? 2 : 1)
     add_layer_norm_bwd_kernel(const AddLayerNormParams p) {
@@ -106,23 +107,26 @@ __global__ void __launch_bounds__(kThreads, kSlots <= 2 ? 2 : 1)
   for (int64_t row = int64_t(blockIdx.x) * kWarps + warp; row < p.rows; row += int64_t(gridDim.x) * kWarps) {
     const int64_t base = row * p.width;
     const float mean = p.mean[row], rstd = p.rstd[row];
-    float xhat[kSlots][kVec], g[kSlots][kVec];
+    // With kBias, xhat is not kept across the warp sums but recomputed from a second load of s (the
+    // same warp read that row segment just before: an L1 hit, most likely).
+    float xhat[kBias ? 1 : kSlots][kVec], g[kSlots][kVec];
     float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
     for (int k = 0; k < kSlots; ++k) {
       const int c = lane + 32 * k;
       if (c >= nvec) continue;
       float dy[kVec], gamma[kVec];
-      load8(s_ptr, s_dtype, base + c * kVec, xhat[k]);
+      float (&xh)[kVec] = xhat[kBias ? 0 : k];
+      load8(s_ptr, s_dtype, base + c * kVec, xh);
       load8(p.dy, p.y_dtype, base + c * kVec, dy);
       load8(p.gamma, p.w_dtype, c * kVec, gamma);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        xhat[k][i] = (xhat[k][i] - mean) * rstd;
+        xh[i] = (xh[i] - mean) * rstd;
         g[k][i] = dy[i] * gamma[i];
         sum_g += g[k][i];
-        sum_gx += g[k][i] * xhat[k][i];
-        part[0][k][i] += dy[i] * xhat[k][i];
+        sum_gx += g[k][i] * xh[i];
+        part[0][k][i] += dy[i] * xh[i];
         part[1][k][i] += dy[i];
       }
     }
@@ -132,9 +136,15 @@ __global__ void __launch_bounds__(kThreads, kSlots <= 2 ? 2 : 1)
     for (int k = 0; k < kSlots; ++k) {
       const int c = lane + 32 * k;
       if (c >= nvec) continue;
+      float (&xh)[kVec] = xhat[kBias ? 0 : k];
+      if constexpr (kBias) {
+        load8(s_ptr, s_dtype, base + c * kVec, xh);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) xh[i] = (xh[i] - mean) * rstd;
+      }
       float d[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) d[i] = rstd * (g[k][i] - mean_g - xhat[k][i] * mean_gx);
+      for (int i = 0; i < kVec; ++i) d[i] = rstd * (g[k][i] - mean_g - xh[i] * mean_gx);
       if (p.ds != nullptr) {
         float ds[kVec];
         load8(p.ds, p.s_dtype, base + c * kVec, ds);
