@@ -105,9 +105,9 @@ int run_sample(int argc, char** argv) {
     if (precision != "auto" && precision != "bf16" && precision != "fp32") {
       throw std::invalid_argument("--precision must be auto, bf16 or fp32, got '" + precision + "'");
     }
-    // Start-up, timed for the breakdown line, in parallel: a second thread brings the device up (driver, CUDA context, cuBLAS
-    // handles: model::warm_up) while this one reads the checkpoint into host memory; the weights
-    // move once both are done. "device wait" is whatever of the device's start-up the read did not hide.
+    // Start-up, timed for the breakdown line, in parallel: a second thread brings the device up (driver,
+    // CUDA context, cuBLAS, the sample's kernels) while this one reads the checkpoint into host memory
+    // and copies the weights over. "device wait" is whatever of the device's start-up that did not hide.
     const auto t_load = std::chrono::steady_clock::now();
     const std::string device_name = r["device"].as<std::string>();
     const std::string requested_impl = r.count("attention-impl") ? r["attention-impl"].as<std::string>() : "";
@@ -133,14 +133,18 @@ int run_sample(int argc, char** argv) {
           model::synchronize(dev);
         }
         warm_context = lap();
-        model::warm_up(dev);
-        warm_cublas = lap();
         // With the run folder's config.json at hand, a one-block, zero-weight copy of the model
         // samples three bytes from a prime of the same length: the first launch of every
-        // kernel the sample runs (the loading of its module) and cuBLAS's choices for these shapes
-        // happen here, beside the checkpoint read, instead of inside the prefill.
+        // kernel the sample runs (the loading of its module) and cuBLAS's handle and choices for
+        // these shapes happen here, beside the checkpoint read, instead of inside the prefill.
+        // Without it, model::warm_up brings up cuBLAS alone (its GEMM shapes are not the sample's,
+        // so with the tiny model it would only add to the start-up).
         auto cfg = run_folder_model_config(path);
-        if (!cfg || !dev.is_cuda()) return;
+        if (!cfg || !dev.is_cuda()) {
+          model::warm_up(dev);
+          warm_cublas = lap();
+          return;
+        }
         cfg->depth = 1;
         cfg->attention_impl = pick_attention_impl(requested_impl, cfg->attention_impl, dev);
         model::GPT tiny(*cfg, /*initialise=*/false);
@@ -163,11 +167,13 @@ int run_sample(int argc, char** argv) {
       return pick_attention_impl(requested_impl, recorded.attention_impl, device);
     });
     const auto t_read = std::chrono::steady_clock::now();
-    warm.join();
-    const auto t_device = std::chrono::steady_clock::now();
+    // The weights go over while the start-up thread may still load kernels (the copy waits for the
+    // CUDA context if that is not up yet); then its end.
     gpt->to(device);
+    const auto t_moved = std::chrono::steady_clock::now();
+    warm.join();
     model::synchronize(device);
-    const auto t_prime = std::chrono::steady_clock::now();
+    const auto t_device = std::chrono::steady_clock::now();
 
     at::Tensor prime;
     if (r.count("prime")) {
@@ -214,13 +220,13 @@ int run_sample(int argc, char** argv) {
     // One stderr line (tests and scripts drop it whole): the rate, then where the wall time went.
     std::fprintf(stderr,
                  "generated %lld bytes in %.3f s (%.1f bytes/s, %s, %s; before main %.3f s, options %.3f s, checkpoint read"
-                 " %.3f s, device start-up %.3f s (context %.3f, cuBLAS %.3f, kernels %.3f) beside it, device wait %.3f s,"
-                 " weights to device %.3f s, prime %.3f s, prefill %.3f s, generation %.3f s"
+                 " %.3f s, device start-up %.3f s (context %.3f, cuBLAS %.3f, kernels %.3f) beside it, device wait %.3f s"
+                 " (after the weights went to the device in %.3f s), prime %.3f s, prefill %.3f s, generation %.3f s"
                  " = enqueue %.3f + wait %.3f + sampling %.3f + other; %.3f s since start)\n",
                  static_cast<long long>(out.numel()), secs, static_cast<double>(out.numel()) / std::max(secs, 1e-9),
                  so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache", precision.c_str(), before_main,
                  span(t_main, t_load), span(t_load, t_read), warm_context + warm_cublas + warm_kernels,
-                 warm_context, warm_cublas, warm_kernels, span(t_read, t_device), span(t_device, t_prime), span(t_prime, t0),
+                 warm_context, warm_cublas, warm_kernels, span(t_moved, t_device), span(t_read, t_moved), span(t_device, t0),
                  info.prefill_s, std::max(secs - info.prefill_s, 0.0), info.enqueue_s, info.wait_s,
                  info.sample_s, seconds_since_process_start());
     // Nothing is left to write (stdout is flushed below): leave without libtorch's and the CUDA

@@ -51,9 +51,7 @@ struct BwdHopperTile {
                                   2 * kStages * kBM * sizeof(float) + kBarriers * sizeof(uint64_t) + kSw128Atom;
 };
 
-// kDqV4: dQ reaches global memory as red.v4 (lane pairs swap a row half with a shuffle, so that
-// each lane holds 4 consecutive columns of one row) instead of red.v2: half the reductions.
-template <typename T, int D, int BM, bool kDqV4>
+template <typename T, int D, int BM>
 __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = BwdHopperTile<D, BM>;
@@ -153,34 +151,14 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   auto flush_dq = [&](int it) {
     const int h = step_h(it), m0 = step_m0(it);
     float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
-    if constexpr (kDqV4) {
-      // Lane (g, t) holds columns 8i + 2t, + 1 of rows g and g + 8. Even t keeps row g and takes
-      // its odd partner's pair of that row (columns 8i + 2t .. + 3); odd t keeps row g + 8 and takes
-      // the even partner's pair of it (columns 8i + 2t - 2 .. + 1).
-      const bool odd = t & 1;
-      const int e0 = odd ? 1 : 0;
+#pragma unroll
+    for (int e0 = 0; e0 < 2; ++e0) {
       const int r = m0 + (kSplitRows ? wg * 64 : 0) + warp * 16 + g + 8 * e0;
-      const int c0 = (kSplitRows ? 0 : wg * kNQ) + 2 * t - (odd ? 2 : 0);
+      if (r >= I) continue;
 #pragma unroll
-      for (int i = 0; i < kNQ / 8; ++i) {
-        const float s0 = odd ? rdQ[4 * i] : rdQ[4 * i + 2], s1 = odd ? rdQ[4 * i + 1] : rdQ[4 * i + 3];
-        const float o0 = __shfl_xor_sync(0xffffffffu, s0, 1), o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-        const float4 v = odd ? make_float4(o0, o1, rdQ[4 * i + 2], rdQ[4 * i + 3])
-                             : make_float4(rdQ[4 * i], rdQ[4 * i + 1], o0, o1);
-        if (r < I)
-          atomic_add4(gdQ + int64_t(r) * D + c0 + i * 8,
-                      make_float4(v.x * p.scale, v.y * p.scale, v.z * p.scale, v.w * p.scale));
-      }
-    } else {
-#pragma unroll
-      for (int e0 = 0; e0 < 2; ++e0) {
-        const int r = m0 + (kSplitRows ? wg * 64 : 0) + warp * 16 + g + 8 * e0;
-        if (r >= I) continue;
-#pragma unroll
-        for (int i = 0; i < kNQ / 8; ++i)
-          atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : wg * kNQ) + i * 8 + 2 * t,
-                      rdQ[4 * i + 2 * e0] * p.scale, rdQ[4 * i + 2 * e0 + 1] * p.scale);
-      }
+      for (int i = 0; i < kNQ / 8; ++i)
+        atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : wg * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
+                    rdQ[4 * i + 2 * e0 + 1] * p.scale);
     }
   };
   // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row
@@ -361,21 +339,13 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
-  // FLASHCOS_HOPPER_DQ_V4=1: dQ as red.v4 (kDqV4 above), for timing against red.v2.
-  static const bool dq_v4 = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_DQ_V4");
-    return env != nullptr && env[0] == '1';
-  }();
   return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] {
     constexpr int kBM = hopper_bwd_rows<D>(kV);
     using Tile = hopper::BwdHopperTile<D, kBM>;
     const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
     const dim3 grid{unsigned(blocks)};
-    if (dq_v4) {
-      return launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM, true>, grid, Tile::kThreads, Tile::kSmem, stream, p);
-    }
-    return launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM, false>, grid, Tile::kThreads, Tile::kSmem, stream, p);
+    return launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM>, grid, Tile::kThreads, Tile::kSmem, stream, p);
   });
 }
 

@@ -16,12 +16,10 @@
 // the tensor cores with no shuffles (the sm_80 kernel does the same with a ones B fragment).
 #pragma once
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
-#include "attention/cosine/cuda/hopper/fwd_hopper_overlap.cuh"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
 
 namespace flashcos::cuda::hopper {
@@ -197,15 +195,6 @@ namespace flashcos::cuda {
 
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
-  // FLASHCOS_HOPPER_FWD_OVERLAP=1: the d 64 forward with S(j + 1) overlapping P(j) V(j)
-  // (fwd_hopper_overlap.cuh), for timing against this one.
-  if constexpr (D == 64) {
-    static const bool overlap = [] {
-      const char* env = std::getenv("FLASHCOS_HOPPER_FWD_OVERLAP");
-      return env != nullptr && env[0] == '1';
-    }();
-    if (overlap) return launch_fwd_hopper_overlap<T>(p, stream);
-  }
   using Tile = hopper::FwdHopperTile<D>;
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
   return launch_with_smem(hopper::fwd_hopper_kernel<T, D>, grid, Tile::kThreads, Tile::kSmem, stream, p);
