@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -244,6 +244,18 @@ if has hopper; then
       echo "== bench ${c:-full}: FLASHCOS_HOPPER=0"
       grep -E '^(bfloat16|float16)|^ +[0-9]+ ' "$LOG/sm80_bench${c}.log" | sed -E 's/ +batch: [0-9]+ +heads: [0-9]+ +/ /; s/ +kernel:.*//'
     fi
+  done
+fi
+
+# sanitize: compute-sanitizer memcheck, racecheck and synccheck over SANITIZE_FILTER (a gtest filter;
+# default: the trainer's fused operators, the decode kernels and the l2norm kernels; SANITIZE_TIMEOUT
+# seconds per tool, default 200).
+if has sanitize; then
+  filter=${SANITIZE_FILTER:-'Cases/AddLayerNormCuda.*:Cases/BiasGeluCuda.*:*ClassifierCrossEntropyCuda*:DecodeLinear.*:Shapes/DecodeKernel*:GraphDecodeCuda.*:Gpu/L2NormCuda.*'}
+  for tool in memcheck racecheck synccheck; do
+    timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/flashcos_tests" --gtest_filter="$filter" \
+        > "$LOG/sanitize_$tool.log" 2>&1
+    row "compute-sanitizer $tool" "rc $?: $(grep -oE 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^)]*' "$LOG/sanitize_$tool.log" | tail -1)"
   done
 fi
 
