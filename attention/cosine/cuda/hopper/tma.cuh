@@ -1,0 +1,51 @@
+// Tensor Memory Accelerator (TMA) pieces for the Hopper family (sm_90a): a tile load of a 4-D
+// tensor map (cp.async.bulk.tensor) that completes on an mbarrier's transaction count, and the
+// arrive that sets that count. One thread issues a load; the hardware writes the tile into shared
+// memory in the map's swizzle (tma_map.h builds maps whose 128-byte swizzle is the SW128 layout of
+// common.cuh, so a TMA-loaded tile is a wgmma operand as a cp.async-loaded one is) and fills rows
+// past the tensor's end with zeros. Consumers wait on the barrier's phase (mbar_wait, common.cuh).
+//
+// Protocol per stage and phase: the issuing thread calls mbar_arrive_expect_tx(bar, bytes of every
+// load of the stage) once, then the loads; the barrier's phase completes when that arrival (the
+// barrier is initialised with count 1 for it) and all the bytes have landed.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "attention/cosine/cuda/hopper/common.cuh"
+
+namespace flashcos::cuda::hopper {
+
+// One arrival on `bar` that also expects `bytes` more bytes of asynchronous (TMA) writes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+
+// The box of `map` at element coordinates (c0 innermost .. c3) into shared memory at `dst` (1024-byte
+// aligned for the 128-byte swizzle), completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+#endif
+}
+
+// Brings a tensor map (a __grid_constant__ kernel parameter) into the TMA unit's cache ahead of its
+// first use.
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+}  // namespace flashcos::cuda::hopper

@@ -1,0 +1,41 @@
+// Host side of the Hopper family's TMA loads (tma.cuh): tensor maps over the kernels' 16-bit
+// (B, H, rows, D) operands whose box is one SW128 column block, (box_rows rows x 64 elements,
+// 128-byte swizzled): exactly the shared-memory layout load_tile_sw128 (common.cuh) writes with
+// cp.async, so either load feeds the same wgmma descriptors. A D = 128 tile is two boxes, at
+// columns 0 and 64, into consecutive column blocks. Rows past `rows` come back as zeros.
+//
+// cuTensorMapEncodeTiled is a driver function: it is reached through the runtime's
+// cudaGetDriverEntryPointByVersion, so nothing links libcuda directly. Not used by the kernels yet:
+// the producer-warp backward (docs/kernels.md, "Hopper family") is its first user;
+// hopper_tma_tile_selftest checks the layout claim on a device.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/common/cuda/dtype.h"
+
+namespace flashcos::cuda {
+
+struct Sw128TileTensor {
+  const void* base = nullptr;  // 16-byte aligned
+  DType dtype = DType::kBFloat16;  // kHalf or kBFloat16
+  int64_t B = 0, H = 0, rows = 0, D = 0;  // D a multiple of 64
+  int64_t b_stride = 0, h_stride = 0, row_stride = 0;  // elements; multiples of 8; the last dim contiguous
+};
+
+// Fills `map` for tiles of `box_rows` (1..256) rows of `t`; cudaErrorInvalidValue for a tensor the
+// TMA unit cannot address (dtype, alignment, strides, sizes) or a driver without the entry point.
+cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int box_rows);
+
+// Loads the (64 rows x D) tile of head (b, h) starting at row0 twice, by TMA and by
+// load_tile_sw128's cp.async, into shared memory and counts the bytes that differ (written to
+// *mismatches, a host pointer), and the nonzero bytes of the TMA tile's rows past `rows`
+// (*nonzero_past_end). For tests on a compute capability 9.0 device; cudaErrorNotSupported
+// elsewhere or in a build without the Hopper family.
+cudaError_t hopper_tma_tile_selftest(const Sw128TileTensor& t, int b, int h, int row0, int64_t* mismatches,
+                                     int64_t* nonzero_past_end);
+
+}  // namespace flashcos::cuda
