@@ -113,11 +113,11 @@ int run_sample(int argc, char** argv) {
     const std::string requested_impl = r.count("attention-impl") ? r["attention-impl"].as<std::string>() : "";
     const int64_t prime_len = r.count("prime") ? static_cast<int64_t>(r["prime"].as<std::string>().size())
                                                : r["prime-length"].as<int64_t>();
-    // The start-up's phases, timed for the breakdown (read after the join): the driver and the CUDA
-    // context (with the allocator's first block), the first cuBLAS call (model::warm_up), and the
-    // tiny model's generate (module loads of the sample's kernels, cuBLAS's choices; with the
-    // config read and the tiny model's construction).
-    double warm_context = 0, warm_cublas = 0, warm_kernels = 0;
+    // The start-up's two phases, timed for the breakdown (read after the join): the driver and the
+    // CUDA context (with the allocator's first block), then cuBLAS and the sample's kernels (the
+    // tiny model's generate: module loads, cuBLAS's handle and choices; with the config read and
+    // the tiny model's construction), or cuBLAS alone (model::warm_up) without a run folder.
+    double warm_context = 0, warm_kernels = 0;
     Background warm([&, device_name] {
       auto w_last = std::chrono::steady_clock::now();
       auto lap = [&w_last] {
@@ -142,7 +142,7 @@ int run_sample(int argc, char** argv) {
         auto cfg = run_folder_model_config(path);
         if (!cfg || !dev.is_cuda()) {
           model::warm_up(dev);
-          warm_cublas = lap();
+          warm_kernels = lap();
           return;
         }
         cfg->depth = 1;
@@ -220,13 +220,13 @@ int run_sample(int argc, char** argv) {
     // One stderr line (tests and scripts drop it whole): the rate, then where the wall time went.
     std::fprintf(stderr,
                  "generated %lld bytes in %.3f s (%.1f bytes/s, %s, %s; before main %.3f s, options %.3f s, checkpoint read"
-                 " %.3f s, device start-up %.3f s (context %.3f, cuBLAS %.3f, kernels %.3f) beside it, device wait %.3f s"
+                 " %.3f s, device start-up %.3f s (context %.3f, cuBLAS and kernels %.3f) beside it, device wait %.3f s"
                  " (after the weights went to the device in %.3f s), prime %.3f s, prefill %.3f s, generation %.3f s"
                  " = enqueue %.3f + wait %.3f + sampling %.3f + other; %.3f s since start)\n",
                  static_cast<long long>(out.numel()), secs, static_cast<double>(out.numel()) / std::max(secs, 1e-9),
                  so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache", precision.c_str(), before_main,
-                 span(t_main, t_load), span(t_load, t_read), warm_context + warm_cublas + warm_kernels,
-                 warm_context, warm_cublas, warm_kernels, span(t_moved, t_device), span(t_read, t_moved), span(t_device, t0),
+                 span(t_main, t_load), span(t_load, t_read), warm_context + warm_kernels,
+                 warm_context, warm_kernels, span(t_moved, t_device), span(t_read, t_moved), span(t_device, t0),
                  info.prefill_s, std::max(secs - info.prefill_s, 0.0), info.enqueue_s, info.wait_s,
                  info.sample_s, seconds_since_process_start());
     // Nothing is left to write (stdout is flushed below): leave without libtorch's and the CUDA
