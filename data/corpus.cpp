@@ -24,13 +24,12 @@
 #include <sys/stat.h>
 
 #include "common/log.h"
+#include "data/corpus_detail.h"
 
 namespace flashcos::data {
 namespace {
 
-constexpr const char* kDownloadHint =
-    "get enwik8 with scripts/download_enwik8.sh (it writes data/enwik8 and data/enwik8.gz), "
-    "or pass --data <file>";
+using detail::kDownloadHint;
 
 // ---- split parsing ---------------------------------------------------------------------------
 
@@ -307,10 +306,8 @@ std::string to_string(const SplitSpec& s) {
   return human_bytes(s.sizes.train) + "," + human_bytes(s.sizes.val) + "," + human_bytes(s.sizes.test);
 }
 
-namespace {
+namespace detail {
 
-// The split's byte counts for a file of n (decompressed) bytes, checked: errors name the file and
-// what it lacks.
 SplitSizes resolve_split_sizes(const std::string& path, const SplitSpec& split, int64_t n, bool gzip,
                                int64_t min_split_bytes) {
   SplitSizes sz = split.sizes;
@@ -344,7 +341,7 @@ SplitSizes resolve_split_sizes(const std::string& path, const SplitSpec& split, 
   return sz;
 }
 
-}  // namespace
+}  // namespace detail
 
 Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes) {
   Buffer raw;
@@ -363,7 +360,7 @@ Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_
   const int64_t n = static_cast<int64_t>(bytes.size);
   c.file_bytes = n;
 
-  const SplitSizes sz = resolve_split_sizes(path, split, n, c.gzip, min_split_bytes);
+  const SplitSizes sz = detail::resolve_split_sizes(path, split, n, c.gzip, min_split_bytes);
 
   // Bytes past the splits are kept (one allocation, no copy); the views just do not reach them.
   uint8_t* p = bytes.release();
@@ -512,36 +509,6 @@ at::Tensor encode_text(const std::string& text) {
   at::Tensor out = at::empty({1, n}, at::TensorOptions().dtype(at::kLong));
   int64_t* d = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) d[i] = static_cast<unsigned char>(text[i]);
-  return out;
-}
-
-at::Tensor load_val_slice(const std::string& path, const SplitSpec& split, int64_t n,
-                          const std::function<int64_t(int64_t)>& pick_offset) {
-  unsigned char magic[2] = {0, 0};
-  int64_t file_bytes = -1;
-  {
-    struct stat st {};
-    std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-    if (f && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && std::fread(magic, 1, 2, f.get()) == 2 &&
-        !(magic[0] == 0x1f && magic[1] == 0x8b) && !ends_with(path, ".gz")) {
-      file_bytes = static_cast<int64_t>(st.st_size);
-    }
-  }
-  if (file_bytes < 0) {  // gzip, a pipe or an error: load_corpus reads it (and reports the error)
-    const Corpus c = load_corpus(path, split, n + 1);
-    const int64_t off = pick_offset(c.val.numel());
-    return c.val.slice(0, off, off + n).clone();
-  }
-  const SplitSizes sz = resolve_split_sizes(path, split, file_bytes, false, n + 1);
-  const int64_t off = pick_offset(sz.val);
-  if (off < 0 || off + n > sz.val) throw std::out_of_range("load_val_slice: offset outside the val split");
-  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kByte));
-  std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f || ::fseeko(f.get(), static_cast<off_t>(sz.train + off), SEEK_SET) != 0 ||
-      std::fread(out.data_ptr<uint8_t>(), 1, static_cast<size_t>(n), f.get()) != static_cast<size_t>(n)) {
-    throw std::runtime_error(strf("data file '%s' is unreadable: could not read %lld bytes at offset %lld",
-                                  path.c_str(), (long long)n, (long long)(sz.train + off)));
-  }
   return out;
 }
 

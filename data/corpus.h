@@ -51,8 +51,11 @@ std::string resolve_corpus_path(const std::string& path);
 Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes);
 
 // n bytes of the val split (uint8, CPU) from offset pick_offset(val bytes) in [0, val - n]: a raw
-// file is read with one seek (the rest is never read), a gzip file through load_corpus. The same
-// checks and errors as load_corpus(path, split, n + 1).
+// file is read with one seek (the rest is never read), a gzip file is inflated as a stream that
+// keeps only those n bytes (data/val_slice.cpp; the corpus is never held in memory). The same
+// checks and errors as load_corpus(path, split, n + 1). pick_offset must be a function of its
+// argument alone: with a fraction --split and a gzip file whose ISIZE trailer is not its size
+// (several members, 4 GiB or more) it is called a second time, with the true val size.
 at::Tensor load_val_slice(const std::string& path, const SplitSpec& split, int64_t n,
                           const std::function<int64_t(int64_t)>& pick_offset);
 
