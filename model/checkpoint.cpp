@@ -11,9 +11,14 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <stdexcept>
+
+#include "model/checkpoint_weights.h"
 
 namespace flashcos::model {
 namespace fs = std::filesystem;
@@ -115,14 +120,10 @@ void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
 
 namespace {
 
-CheckpointMeta meta_from_archive(torch::serialize::InputArchive& archive, const std::string& path) {
-  c10::IValue meta_value;
-  if (!archive.try_read("meta", meta_value) || !meta_value.isString()) {
-    throw std::runtime_error("checkpoint '" + path + "' has no flashcos metadata (not a flashcos checkpoint?)");
-  }
+CheckpointMeta meta_from_json(const std::string& text, const std::string& path) {
   CheckpointMeta meta;
   try {
-    auto j = nlohmann::json::parse(meta_value.toStringRef());
+    auto j = nlohmann::json::parse(text);
     const int64_t format = j.at("format");
     if (format > kCheckpointFormat) {
       throw std::runtime_error("checkpoint '" + path + "' has format " + std::to_string(format) +
@@ -138,6 +139,46 @@ CheckpointMeta meta_from_archive(torch::serialize::InputArchive& archive, const 
     throw std::runtime_error("checkpoint '" + path + "' has malformed metadata: " + e.what());
   }
   return meta;
+}
+
+CheckpointMeta meta_from_archive(torch::serialize::InputArchive& archive, const std::string& path) {
+  c10::IValue meta_value;
+  if (!archive.try_read("meta", meta_value) || !meta_value.isString()) {
+    throw std::runtime_error("checkpoint '" + path + "' has no flashcos metadata (not a flashcos checkpoint?)");
+  }
+  return meta_from_json(meta_value.toStringRef(), path);
+}
+
+// The model from the weights alone (checkpoint_weights.h: the optimiser state, two thirds of the
+// file, is never read), or nullopt when that reader meets anything it does not expect (another
+// layout, a damaged file, a parameter missing or of another shape): the caller then reads the whole
+// file with libtorch, which loads what it can and otherwise gives the canonical error.
+// FLASHCOS_CHECKPOINT_FULL_READ=1 skips it (for comparisons).
+std::optional<GPT> load_weights_only(const std::string& path, CheckpointMeta* meta_out,
+                                     const std::function<std::string(const ModelConfig&)>& choose_impl) {
+  const char* full = std::getenv("FLASHCOS_CHECKPOINT_FULL_READ");
+  if (full && std::string(full) == "1") return std::nullopt;
+  std::unique_ptr<WeightsReader> weights;
+  CheckpointMeta meta;
+  try {
+    weights = std::make_unique<WeightsReader>(path);
+    meta = meta_from_json(weights->meta_json(), path);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const std::string impl = choose_impl ? choose_impl(meta.model) : std::string();
+  if (!impl.empty()) {
+    meta.model.attention_impl = impl;
+    meta.model.validate();
+  }
+  GPT model(meta.model, /*initialise=*/false);  // every weight comes from the file
+  try {
+    weights->load_into(model);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  *meta_out = meta;
+  return model;
 }
 
 // Weights (and optimiser state, when given) from an open archive into `model`.
@@ -192,8 +233,16 @@ GPT load_model(const std::string& path, const torch::Device& device, CheckpointM
 
 GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out,
                const std::function<std::string(const ModelConfig&)>& choose_impl) {
-  // One read of the file (the archive holds the optimiser state too, which inference never needs:
-  // reading it once on the CPU is the least libtorch's archive allows), then the weights move.
+  CheckpointMeta fast_meta;
+  if (auto fast = load_weights_only(path, &fast_meta, choose_impl)) {
+    GPT model = *fast;
+    model->to(device);
+    model->eval();
+    if (meta_out) *meta_out = fast_meta;
+    return model;
+  }
+  // One read of the whole file (the archive holds the optimiser state too: reading it once on the
+  // CPU is the least libtorch's archive allows), then the weights move.
   auto archive = open_archive(path, torch::kCPU);
   auto meta = meta_from_archive(archive, path);
   const std::string impl = choose_impl ? choose_impl(meta.model) : std::string();

@@ -45,6 +45,8 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
 
 // A model rebuilt from the checkpoint alone, on `device`, in eval mode. A non-empty
 // `attention_impl` replaces the recorded one (the weights are the same for every implementation).
+// Reads the metadata and the weights only, not the optimiser state (checkpoint_weights.h), with
+// libtorch's full read as the fallback for anything that reader does not expect.
 GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta = nullptr,
                const std::string& attention_impl = "");
 
