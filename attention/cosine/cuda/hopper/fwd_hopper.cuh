@@ -16,10 +16,13 @@
 // the tensor cores with no shuffles (the sm_80 kernel does the same with a ones B fragment).
 #pragma once
 
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
+#include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
 
 namespace flashcos::cuda::hopper {
@@ -193,8 +196,26 @@ __global__ void __launch_bounds__(FwdHopperTile<D>::kThreads, 1) fwd_hopper_kern
 
 namespace flashcos::cuda {
 
+// Which Hopper forward runs (FLASHCOS_HOPPER_FWD, read once): "ws-overlap" (default) the
+// warp-specialised kernel with its overlapped schedule (fwd_hopper_ws.cuh), "ws" the same without
+// the overlap, "cp" this file's cp.async kernel. The warp-specialised ones fall back to "cp" where
+// the TMA unit cannot address the inputs.
+inline int hopper_fwd_kind() {
+  static const int kind = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_FWD");
+    const std::string s = env != nullptr ? env : "";
+    return s == "cp" ? 0 : s == "ws" ? 1 : 2;
+  }();
+  return kind;
+}
+
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
+  if (const int kind = hopper_fwd_kind(); kind != 0) {
+    const cudaError_t err =
+        kind == 2 ? launch_fwd_hopper_ws<T, D, true>(p, stream) : launch_fwd_hopper_ws<T, D, false>(p, stream);
+    if (err != cudaErrorNotSupported) return err;
+  }
   using Tile = hopper::FwdHopperTile<D>;
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
   return launch_with_smem(hopper::fwd_hopper_kernel<T, D>, grid, Tile::kThreads, Tile::kSmem, stream, p);

@@ -1,0 +1,375 @@
+// Warp-specialised forward of cosine-sim attention on Hopper (sm_90a): a producer warp loads by
+// TMA, consumer warpgroups only compute. Same math, coverage and outputs as fwd_hopper.cuh (read
+// its header first):
+//   P = exp2(S scale log2e + offset)  (no running max: |q.k| <= 1 bounds the logits)
+//   O = P [V | 1] / l                 (l = the row sums of the 16-bit P, from the ones columns)
+// and the fp32 sum of the unrounded P per row for the backward.
+//
+// CTA: warpgroup 0 is the producer (setmaxnreg gives its registers away; one thread issues every
+// TMA load), warpgroups 1 .. kWG own 64 query rows each (kBM = 64 kWG rows per CTA). Shared memory:
+// Q (kBM x D), and K, V in a ring of kStages stages (SW128 tiles, hopper/common.cuh). mbarriers:
+//   bar_q        Q landed (transaction count)
+//   full[s]      K and V of stage s landed (transaction count, the producer's one arrival)
+//   empty[s]     every consumer warp finished reading stage s (4 kWG arrivals)
+// l: d 64 takes the row sums of the 16-bit P from 8 extra O columns, as fwd_hopper.cuh does (the PV
+// wgmma reads its last 8 B columns one descriptor LBO past V, from one shared block of ones: the
+// LBO is chosen per stage). d 128 has no shared memory left for ones next to a third stage: it sums
+// the 16-bit P in fp32 from the packed A fragments instead (the same l; with the sum of the
+// unrounded P, O of a one-key row would not be exactly v).
+//
+// kOverlap (the FA3 schedule): inside a warpgroup, block j's S = Q K_j^T is issued together with
+// block j - 1's P V, so the exp of block j runs while the tensor cores finish P_{j-1} V_{j-1}; and
+// the consumer warpgroups take turns issuing their MMAs (a token passed round a ring of named
+// barriers), so that one warpgroup's exp runs while the others' MMAs occupy the tensor cores.
+// Without kOverlap each warpgroup runs S, exp, P V in sequence (as fwd_hopper.cuh, minus its
+// CTA-wide barrier per key block).
+#pragma once
+
+#include <cuda.h>
+
+#include "attention/cosine/cuda/fwd_kernel.cuh"
+#include "attention/cosine/cuda/hopper/common.cuh"
+#include "attention/cosine/cuda/hopper/tma.cuh"
+#include "attention/cosine/cuda/hopper/tma_map.h"
+#include "attention/cosine/cuda/hopper/wgmma.cuh"
+
+namespace flashcos::cuda::hopper {
+
+struct FwdTmaMaps {
+  CUtensorMap q, k, v;
+};
+
+template <int D>
+struct FwdWsTile {
+  static_assert(D == 64 || D == 128, "the Hopper forward covers head dims 64 and 128");
+  static constexpr int kWG = D == 64 ? 3 : 2;  // consumer warpgroups, 64 query rows each
+  static constexpr int kBM = 64 * kWG;
+  static constexpr int kBN = 128;
+  static constexpr int kStages = D == 64 ? 4 : 3;
+  static constexpr bool kOnesSum = D == 64;  // l from the ones columns (else the fp32 sum of P)
+  static constexpr int kThreads = 128 * (kWG + 1);
+  static constexpr int kNO = kOnesSum ? D + 8 : D;
+  static constexpr int kQBytes = kBM * D * 2;
+  static constexpr int kKBytes = kBN * D * 2;
+  static constexpr int kOnesBytes = kOnesSum ? kBN * kSw128Row : 0;  // one block of ones after the ring
+  static constexpr int kVStride = kKBytes;
+  static constexpr int kOnesTotal = kOnesBytes;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kWG == 3 ? 160 : 240;
+  static constexpr size_t kSmem = size_t(kQBytes) + size_t(kStages) * (kKBytes + kVStride) + kOnesTotal +
+                                  (2 * kStages + 1) * sizeof(uint64_t) + kSw128Atom;
+  static_assert(kSmem <= 227 * 1024, "shared memory");
+  static_assert(128 * (kProducerRegs + kWG * kConsumerRegs) <= 65536, "register file");
+};
+
+// The two 16-bit values of a packed pair, summed in fp32.
+template <typename T>
+__device__ __forceinline__ float sum_pair(uint32_t x);
+template <>
+__device__ __forceinline__ float sum_pair<__nv_bfloat16>(uint32_t x) {
+  return __uint_as_float(x << 16) + __uint_as_float(x & 0xffff0000u);
+}
+template <>
+__device__ __forceinline__ float sum_pair<__half>(uint32_t x) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));
+  return f.x + f.y;
+}
+
+template <int kRegs>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+template <typename T, int D, bool kOverlap>
+__global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
+    fwd_hopper_ws_kernel(const __grid_constant__ FwdTmaMaps maps, const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = FwdWsTile<D>;
+  constexpr int kWG = Tile::kWG, kBM = Tile::kBM, kBN = Tile::kBN, kNO = Tile::kNO, kStages = Tile::kStages;
+  constexpr int kKT = D / 16;    // k-steps of Q K^T
+  constexpr int kPT = kBN / 16;  // k-steps of P V
+  constexpr int kBlock = kBN * kSw128Row;  // one 64-column block of a K / V stage
+  // Named barriers: 1 .. kWG the MMA token of consumer c (id 1 + c), kWG + 1 the consumers' start.
+  constexpr int kStartBar = kWG + 1;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + kSw128Atom - 1) & ~uint32_t(kSw128Atom - 1)) - raw_addr);
+  unsigned char* sQ = smem;
+  unsigned char* sK = sQ + Tile::kQBytes;                   // kStages x kKBytes
+  unsigned char* sV = sK + kStages * Tile::kKBytes;         // kStages x kVStride
+  unsigned char* sOnes = sV + kStages * Tile::kVStride;     // kOnesSum only
+  uint64_t* bar_q = reinterpret_cast<uint64_t*>(sOnes + Tile::kOnesTotal);
+  uint64_t* bar_full = bar_q + 1;
+  uint64_t* bar_empty = bar_full + kStages;
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hkv = h / (p.H / p.Hkv);
+  const int I = p.I, J = p.J;
+  const int diag = J - I;  // causal: query r sees keys c <= r + diag
+  const int m0 = m_block * kBM;
+  const int n_end = p.causal ? min(J, m0 + kBM + diag) : J;
+  const int n_blocks = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full + s, 1);
+      mbar_init(bar_empty + s, 4 * kWG);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer.
+    regs_dealloc<Tile::kProducerRegs>();
+    if (tid == 0) {
+      tma_prefetch_map(&maps.q);
+      tma_prefetch_map(&maps.k);
+      tma_prefetch_map(&maps.v);
+      mbar_arrive_expect_tx(bar_q, Tile::kQBytes);
+#pragma unroll
+      for (int blk = 0; blk < D / 64; ++blk) tma_load_4d(sQ + blk * kBM * kSw128Row, &maps.q, blk * 64, m0, h, b, bar_q);
+      for (int j = 0; j < n_blocks; ++j) {
+        const int s = j % kStages;
+        if (j >= kStages) mbar_wait(bar_empty + s, ((j / kStages) - 1) & 1);
+        mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kKBytes);
+#pragma unroll
+        for (int blk = 0; blk < D / 64; ++blk) {
+          tma_load_4d(sK + s * Tile::kKBytes + blk * kBlock, &maps.k, blk * 64, j * kBN, hkv, b, bar_full + s);
+          tma_load_4d(sV + s * Tile::kVStride + blk * kBlock, &maps.v, blk * 64, j * kBN, hkv, b, bar_full + s);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  regs_alloc<Tile::kConsumerRegs>();
+  const int c = wg - 1, ctid = tid - 128;
+  const int g = lane / 4, t = lane % 4;
+  const int wg_row0 = m0 + c * 64;
+  const int row0 = wg_row0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+  if constexpr (Tile::kOnesSum) {
+    // The block of ones (every byte, so the swizzle does not matter).
+    const uint32_t one2 = pack2<T>(1.f, 1.f);
+    const uint4 ones = make_uint4(one2, one2, one2, one2);
+    uint4* dst = reinterpret_cast<uint4*>(sOnes);
+    for (int i = ctid; i < Tile::kOnesBytes / 16; i += 128 * kWG) dst[i] = ones;
+    fence_proxy_async();
+    named_bar_sync<kStartBar, 128 * kWG>();
+  }
+  const uint32_t aQ = smem_addr(sQ), aK = smem_addr(sK), aV = smem_addr(sV), aOnes = smem_addr(sOnes);
+
+  float rO[kNO / 2];
+#pragma unroll
+  for (int i = 0; i < kNO / 2; ++i) rO[i] = 0.f;
+  float rLt[2] = {0.f, 0.f};  // fp32 row sums of the unrounded P (this thread's columns)
+  float rLr[2] = {0.f, 0.f};  // !kOnesSum: fp32 row sums of the 16-bit P
+  const float scale_log2 = p.scale * kLog2e;
+  const float offset_log2 = p.exp_kind ? 0.f : kFwdShiftLog2<T> - scale_log2;
+
+  auto issue_s = [&](float (&rS)[kBN / 2], int stage) {
+    const uint32_t aKs = aK + stage * Tile::kKBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      const uint64_t da = make_desc(aQ + (kk / 4) * kBM * kSw128Row + c * 64 * kSw128Row + (kk % 4) * 32, 16,
+                                    kSw128Atom);
+      const uint64_t db = make_desc(aKs + (kk / 4) * kBlock + (kk % 4) * 32, 16, kSw128Atom);
+      Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);
+    }
+  };
+  auto issue_pv = [&](const uint32_t (&rP)[kPT][4], int stage) {
+    const uint32_t aVs = aV + stage * Tile::kVStride;
+    const uint32_t lbo = Tile::kOnesSum ? aOnes - aVs : uint32_t(kBlock);
+#pragma unroll
+    for (int kk = 0; kk < kPT; ++kk) Wgmma<T, kNO>::template rs<1>(rO, rP[kk], make_desc(aVs + kk * 16 * kSw128Row, lbo, kSw128Atom), 1);
+  };
+  // P = exp2(logit in log2 units) in place; keys past J and above the causal diagonal give 0.
+  auto exp_block = [&](float (&rS)[kBN / 2], int j) {
+    const int n0 = j * kBN;
+    const bool elementwise = n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
+    if (!elementwise) {
+#pragma unroll
+      for (int i = 0; i < kBN / 2; ++i) {
+        const float pe = fast_exp2(fmaf(rS[i], scale_log2, offset_log2));
+        rS[i] = pe;
+        rLt[(i / 2) % 2] += pe;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBN / 2; ++i) {
+        const int col = n0 + (i / 4) * 8 + 2 * t + (i % 2);
+        const int r = row0 + 8 * ((i / 2) % 2);
+        const bool ok = col < J && (!p.causal || col <= r + diag);
+        const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
+        rS[i] = pe;
+        rLt[(i / 2) % 2] += pe;
+      }
+    }
+  };
+  // P -> 16-bit A fragments (and, without the ones columns, their row sums).
+  auto pack_p = [&](uint32_t (&rP)[kPT][4], const float (&rS)[kBN / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < kPT; ++kk) {
+      acc_to_frag<T>(rP[kk], rS, kk);
+      if constexpr (!Tile::kOnesSum) {
+        rLr[0] += sum_pair<T>(rP[kk][0]) + sum_pair<T>(rP[kk][2]);
+        rLr[1] += sum_pair<T>(rP[kk][1]) + sum_pair<T>(rP[kk][3]);
+      }
+    }
+  };
+  // The consumer warp is done reading `stage` (its P V wgmma completed).
+  auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty + stage);
+  };
+  // The MMA token: consumer c waits for its turn (id 1 + c), then hands it to c + 1. The last
+  // hand-over of the last consumer is skipped (nobody waits for it); the first turn of consumer 0
+  // is given by consumer kWG - 1 at the start.
+  auto token_wait = [&] {
+    if constexpr (kOverlap) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + c), "n"(256) : "memory");
+  };
+  auto token_pass = [&](bool last) {
+    if constexpr (kOverlap) {
+      if (!(last && c == kWG - 1)) asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (c + 1) % kWG), "n"(256) : "memory");
+    }
+  };
+
+  mbar_wait(bar_q, 0);
+  if (n_blocks > 0) {
+    if constexpr (kOverlap) {
+      if (c == kWG - 1) asm volatile("bar.arrive %0, %1;\n" ::"r"(1), "n"(256) : "memory");
+      float rS[kBN / 2];
+      uint32_t rP[kPT][4];
+      mbar_wait(bar_full, 0);
+      token_wait();
+      wgmma_fence();
+      issue_s(rS, 0);
+      wgmma_commit();
+      token_pass(false);
+      wgmma_wait<0>();
+      fence_regs(rS);
+      exp_block(rS, 0);
+      pack_p(rP, rS);
+      for (int j = 1; j < n_blocks; ++j) {
+        const int stage = j % kStages, prev = (j - 1) % kStages;
+        mbar_wait(bar_full + stage, (j / kStages) & 1);
+        token_wait();
+        wgmma_fence();
+        issue_s(rS, stage);
+        wgmma_commit();
+        issue_pv(rP, prev);
+        wgmma_commit();
+        token_pass(false);
+        wgmma_wait<1>();  // S_j
+        fence_regs(rS);
+        exp_block(rS, j);
+        wgmma_wait<0>();  // P_{j-1} V_{j-1}
+        fence_regs(rO);
+#pragma unroll
+        for (int kk = 0; kk < kPT; ++kk)  // P_{j-1} stays in its registers until its wgmma completed
+#pragma unroll
+          for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rP[kk][e])::"memory");
+        release(prev);
+        pack_p(rP, rS);
+      }
+      token_wait();
+      wgmma_fence();
+      issue_pv(rP, (n_blocks - 1) % kStages);
+      wgmma_commit();
+      token_pass(true);
+      wgmma_wait<0>();
+      fence_regs(rO);
+#pragma unroll
+      for (int kk = 0; kk < kPT; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rP[kk][e])::"memory");
+      release((n_blocks - 1) % kStages);
+    } else {
+      for (int j = 0; j < n_blocks; ++j) {
+        const int stage = j % kStages;
+        mbar_wait(bar_full + stage, (j / kStages) & 1);
+        float rS[kBN / 2];
+        wgmma_fence();
+        issue_s(rS, stage);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(rS);
+        exp_block(rS, j);
+        uint32_t rP[kPT][4];
+        pack_p(rP, rS);
+        wgmma_fence();
+        issue_pv(rP, stage);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(rO);
+#pragma unroll
+        for (int kk = 0; kk < kPT; ++kk)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rP[kk][e])::"memory");
+        release(stage);
+      }
+    }
+  }
+
+  // O / l, written straight from the accumulators (pairs of elements).
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    float lt = rLt[e0];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    float l = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : rLr[e0];
+    if constexpr (!Tile::kOnesSum) {
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+    }
+    const int r = row0 + 8 * e0;
+    if (r >= I) continue;
+    const float inv = p.exp_kind ? 1.f : (l > 0.f ? 1.f / l : 0.f);
+    T* gO = static_cast<T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(r) * p.o_i_stride;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
+          pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
+    if (t == 0 && p.l != nullptr)
+      static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * I + r] = lt * exp2f(-kFwdShiftLog2<T>);
+  }
+#endif
+}
+
+}  // namespace flashcos::cuda::hopper
+
+namespace flashcos::cuda {
+
+// The warp-specialised forward, or cudaErrorNotSupported where the TMA unit cannot address the
+// inputs (the caller then runs fwd_hopper.cuh's kernel).
+template <typename T, int D, bool kOverlap>
+cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
+  using Tile = hopper::FwdWsTile<D>;
+  constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
+  hopper::FwdTmaMaps maps;
+  const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
+  const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
+  const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
+  if (make_sw128_tile_map(&maps.q, q, Tile::kBM) != cudaSuccess ||
+      make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
+      make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
+    return cudaErrorNotSupported;
+  }
+  auto kernel = hopper::fwd_hopper_ws_kernel<T, D, kOverlap>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
+  kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(maps, p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashcos::cuda
