@@ -147,9 +147,10 @@ int run_sample(int argc, char** argv) {
       });
     }
     // The start-up's two phases, timed for the breakdown (read after the join): the driver and the
-    // CUDA context (with the allocator's first block), then cuBLAS and the sample's kernels (the
-    // tiny model's generate: module loads, cuBLAS's handle and choices; with the config read and
-    // the tiny model's construction), or cuBLAS alone (model::warm_up) without a run folder.
+    // CUDA context (with the allocator's first block), then the sample's kernels (the tiny model's
+    // generate: module loads, the CUDA graph's capture, and cuBLAS where the prime is prefilled;
+    // with the config read and the tiny model's construction), or cuBLAS alone (model::warm_up)
+    // without a run folder.
     double warm_context = 0, warm_kernels = 0;
     Background warm([&, device_name] {
       auto w_last = std::chrono::steady_clock::now();
@@ -167,9 +168,11 @@ int run_sample(int argc, char** argv) {
         }
         warm_context = lap();
         // With the run folder's config.json at hand, a one-block, zero-weight copy of the model
-        // samples three bytes from a prime of the same length: the first launch of every
-        // kernel the sample runs (the loading of its module) and cuBLAS's handle and choices for
-        // these shapes happen here, beside the checkpoint read, instead of inside the prefill.
+        // samples three bytes from a prime that takes the real prime's path: on CUDA a short prime
+        // goes through the decode step (model::prime_through_decode; two bytes of it load the
+        // same kernels as 128), a long one through the prefill (the same length, for cuBLAS's
+        // handle and its choices for these shapes). The first launch of every kernel the sample
+        // runs (the loading of its module) happens here, beside the checkpoint read.
         // Without it, model::warm_up brings up cuBLAS alone (its GEMM shapes are not the sample's,
         // so with the tiny model it would only add to the start-up).
         auto cfg = run_folder_model_config(path);
@@ -186,7 +189,10 @@ int run_sample(int argc, char** argv) {
         model::AutocastScope autocast(precision != "fp32", dev.type(), at::kBFloat16);
         model::SampleOptions so;
         so.length = 3;
-        (void)model::generate(tiny, at::zeros({1, std::min(prime_len, cfg->max_seq_len)},
+        so.use_cache = r.count("no-kv-cache") == 0;
+        const int64_t real_len = std::min(prime_len, cfg->max_seq_len);
+        const int64_t warm_len = model::prime_through_decode(so, *cfg, dev, real_len) ? std::min<int64_t>(real_len, 2) : real_len;
+        (void)model::generate(tiny, at::zeros({1, warm_len},
                                               at::TensorOptions().dtype(at::kLong).device(dev)),
                               so, nullptr, nullptr);
         warm_kernels = lap();
@@ -243,14 +249,14 @@ int run_sample(int argc, char** argv) {
     // One stderr line (tests and scripts drop it whole): the rate, then where the wall time went.
     std::fprintf(stderr,
                  "generated %lld bytes in %.3f s (%.1f bytes/s, %s, %s; before main %.3f s, options %.3f s, checkpoint read"
-                 " %.3f s, device start-up %.3f s (context %.3f, cuBLAS and kernels %.3f) beside it, device wait %.3f s"
-                 " (after the weights went to the device in %.3f s), prime read %.3f s beside it, prime wait %.3f s, prefill %.3f s, generation %.3f s"
+                 " %.3f s, device start-up %.3f s (context %.3f, kernels %.3f) beside it, device wait %.3f s"
+                 " (after the weights went to the device in %.3f s), prime read %.3f s beside it, prime wait %.3f s, prime through the %s %.3f s, generation %.3f s"
                  " = enqueue %.3f + wait %.3f + sampling %.3f + other; %.3f s since start)\n",
                  static_cast<long long>(out.numel()), secs, static_cast<double>(out.numel()) / std::max(secs, 1e-9),
                  so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache", precision.c_str(), before_main,
                  span(t_main, t_load), span(t_load, t_read), warm_context + warm_kernels,
                  warm_context, warm_kernels, span(t_moved, t_device), span(t_read, t_moved), prime_read_s, span(t_device, t_prime),
-                 info.prefill_s, std::max(secs - info.prefill_s, 0.0), info.enqueue_s, info.wait_s,
+                 info.prime.c_str(), info.prefill_s, std::max(secs - info.prefill_s, 0.0), info.enqueue_s, info.wait_s,
                  info.sample_s, seconds_since_process_start());
     // Nothing is left to write (stdout is flushed below): leave without libtorch's and the CUDA
     // driver's teardown, which took ~0.3 s of an H100 sample's wall time. The OS frees it all.

@@ -28,7 +28,7 @@ namespace {
 
 class GraphDecoder : public StaticDecoder {
  public:
-  GraphDecoder(GPT& model, const KVCache& prefilled, at::ScalarType compute_dtype)
+  GraphDecoder(GPT& model, const KVCache* prefilled, at::ScalarType compute_dtype)
       : StaticDecoder(model, prefilled, compute_dtype) {
     if (!token_.is_cuda()) {
       throw std::invalid_argument("make_graph_decoder: the model is on " + token_.device().str() +
@@ -95,7 +95,11 @@ class GraphDecoder : public StaticDecoder {
 bool decode_graph_compiled() { return true; }
 
 std::unique_ptr<StaticDecoder> make_graph_decoder(GPT& model, const KVCache& prefilled, at::ScalarType compute_dtype) {
-  return std::make_unique<GraphDecoder>(model, prefilled, compute_dtype);
+  return std::make_unique<GraphDecoder>(model, &prefilled, compute_dtype);
+}
+
+std::unique_ptr<StaticDecoder> make_graph_decoder(GPT& model, at::ScalarType compute_dtype) {
+  return std::make_unique<GraphDecoder>(model, nullptr, compute_dtype);
 }
 
 #else
@@ -104,6 +108,10 @@ bool decode_graph_compiled() { return false; }
 
 std::unique_ptr<StaticDecoder> make_graph_decoder(GPT&, const KVCache&, at::ScalarType) {
   throw std::invalid_argument("make_graph_decoder: this build has no CUDA (configure with the CUDA toolkit)");
+}
+
+std::unique_ptr<StaticDecoder> make_graph_decoder(GPT& model, at::ScalarType compute_dtype) {
+  return make_graph_decoder(model, KVCache(), compute_dtype);
 }
 
 #endif

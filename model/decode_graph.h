@@ -19,5 +19,7 @@ bool decode_graph_compiled();
 // A StaticDecoder whose steps replay a CUDA graph; the model must be on a CUDA device and the build
 // must have decode_graph_compiled() (else std::invalid_argument).
 std::unique_ptr<StaticDecoder> make_graph_decoder(GPT& model, const KVCache& prefilled, at::ScalarType compute_dtype);
+// The same with empty rings (StaticDecoder's second constructor): the first step is position 0.
+std::unique_ptr<StaticDecoder> make_graph_decoder(GPT& model, at::ScalarType compute_dtype);
 
 }  // namespace flashcos::model

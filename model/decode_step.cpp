@@ -27,17 +27,22 @@ bool StaticDecoder::supports(const ModelConfig& cfg) {
 }
 
 StaticDecoder::StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarType compute_dtype)
+    : StaticDecoder(model, &prefilled, compute_dtype) {}
+
+StaticDecoder::StaticDecoder(GPT& model, at::ScalarType compute_dtype) : StaticDecoder(model, nullptr, compute_dtype) {}
+
+StaticDecoder::StaticDecoder(GPT& model, const KVCache* prefilled, at::ScalarType compute_dtype)
     : cfg_(model->config()), cd_(compute_dtype) {
   if (!supports(cfg_)) {
     throw std::invalid_argument("StaticDecoder: no static decode step for attention " + cfg_.attention +
                                 " with positions " + cfg_.pos + " (expected rope or none, cosine / exp / softmax)");
   }
   const int64_t L = cfg_.max_seq_len, NH = cfg_.heads, HS = cfg_.dim_head, depth = cfg_.depth;
-  const int64_t n = prefilled.next_pos;
-  if (n < 1 || n > L || static_cast<int64_t>(prefilled.layers.size()) != depth) {
+  const int64_t n = prefilled ? prefilled->next_pos : 0;  // no cache: empty rings, the first step is position 0
+  if (prefilled && (n < 1 || n > L || static_cast<int64_t>(prefilled->layers.size()) != depth)) {
     throw std::invalid_argument("StaticDecoder: expected a KV cache after a prefill of 1 .. max_seq_len (" +
                                 std::to_string(L) + ") tokens, got " + std::to_string(n) + " tokens in " +
-                                std::to_string(prefilled.layers.size()) + " layers");
+                                std::to_string(prefilled->layers.size()) + " layers");
   }
   at::NoGradGuard no_grad;
   const auto params = model->named_parameters();
@@ -67,14 +72,15 @@ StaticDecoder::StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarTyp
     blk.norm_ff_w = p(b + "norm_ff.weight"), blk.norm_ff_b = p(b + "norm_ff.bias");
     blk.ff_in_w = w(b + "ff_in.weight"), blk.ff_in_b = w(b + "ff_in.bias");
     blk.ff_out_w = w(b + "ff_out.weight"), blk.ff_out_b = w(b + "ff_out.bias");
-    // The prefill's keys and values (positions 0 .. n - 1) fill slots 0 .. n - 1 of the rings.
-    const auto& layer = prefilled.layers[static_cast<size_t>(i)];
-    TORCH_CHECK(layer.k.defined() && layer.k.size(2) == n && layer.v.size(2) == n,
-                "StaticDecoder: layer ", i, " of the prefilled cache does not hold ", n, " positions");
     blk.k = at::zeros({1, NH, L, HS}, f32.dtype(cd_));
     blk.v = at::zeros({1, NH, L, HS}, f32.dtype(cd_));
-    blk.k.narrow(2, 0, n).copy_(layer.k);
-    blk.v.narrow(2, 0, n).copy_(layer.v);
+    if (prefilled) {  // the prefill's keys and values (positions 0 .. n - 1) fill slots 0 .. n - 1
+      const auto& layer = prefilled->layers[static_cast<size_t>(i)];
+      TORCH_CHECK(layer.k.defined() && layer.k.size(2) == n && layer.v.size(2) == n,
+                  "StaticDecoder: layer ", i, " of the prefilled cache does not hold ", n, " positions");
+      blk.k.narrow(2, 0, n).copy_(layer.k);
+      blk.v.narrow(2, 0, n).copy_(layer.v);
+    }
     blocks_.push_back(std::move(blk));
     if (i == 0) eps_attn_ = eps(b + "norm_attn"), eps_ff_ = eps(b + "norm_ff");
   }

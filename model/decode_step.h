@@ -41,6 +41,9 @@ class StaticDecoder {
   // From a model and its KV cache after a prefill of positions 0 .. prefilled.next_pos - 1
   // (GPT::forward_cached; at most max_seq_len tokens). Snapshots the weights in compute_dtype.
   StaticDecoder(GPT& model, const KVCache& prefilled, at::ScalarType compute_dtype);
+  // Empty rings: the first step is position 0 (the prime decoded byte by byte instead of a prefill;
+  // generate.cpp does so for short primes on CUDA, where the prefill's GEMMs would bring cuBLAS up).
+  StaticDecoder(GPT& model, at::ScalarType compute_dtype);
   virtual ~StaticDecoder() = default;
   StaticDecoder(const StaticDecoder&) = delete;
   StaticDecoder& operator=(const StaticDecoder&) = delete;
@@ -67,6 +70,8 @@ class StaticDecoder {
   void set_fused_linear(bool on);
 
  protected:
+  // prefilled: nullptr for empty rings.
+  StaticDecoder(GPT& model, const KVCache* prefilled, at::ScalarType compute_dtype);
   // token_ (1, 1) int64 at position pos_ -> logits_ (1, vocab) float32; writes the token's key and
   // value into slot pos_ mod L of every block, then pos_ += 1. Torch ops on device tensors only
   // (capturable in a CUDA graph).

@@ -9,7 +9,10 @@
 // so from the second block on the two differ (by design: O(max_seq_len) per byte, no re-run).
 // After the prefill, rope / no-position models with cosine, exp or softmax attention decode through
 // the static-shape step (decode_step.h, ring-buffer caches; the same logits up to summation order),
-// replayed from a CUDA graph on CUDA (decode_graph.h); the others keep forward_cached.
+// replayed from a CUDA graph on CUDA (decode_graph.h); the others keep forward_cached. On CUDA a
+// prime of at most kDecodePrimeMax bytes skips the prefill and goes through that step byte by byte
+// from position 0 (prime_through_decode): the prefill is what brings cuBLAS and its own kernels
+// into a short sample's start-up.
 #include "model/generate.h"
 
 #include <ATen/ATen.h>
@@ -83,14 +86,28 @@ bool env_off(const char* name) {
 
 // The static step (CUDA graph on CUDA) over a prefilled cache, in the autocast dtype where autocast
 // is on for the model's device type.
-std::unique_ptr<StaticDecoder> make_decoder(GPT& model, const KVCache& cache, const at::Device& device, bool graph) {
+// cache: the prefill's, or nullptr for empty rings (the prime decoded through the step).
+std::unique_ptr<StaticDecoder> make_decoder(GPT& model, const KVCache* cache, const at::Device& device, bool graph) {
   const auto type = device.type();
   const auto dtype = at::autocast::is_autocast_enabled(type) ? at::autocast::get_autocast_dtype(type) : at::kFloat;
-  if (graph && device.is_cuda() && decode_graph_compiled()) return make_graph_decoder(model, cache, dtype);
-  return std::make_unique<StaticDecoder>(model, cache, dtype);
+  if (graph && device.is_cuda() && decode_graph_compiled()) {
+    return cache ? make_graph_decoder(model, *cache, dtype) : make_graph_decoder(model, dtype);
+  }
+  return cache ? std::make_unique<StaticDecoder>(model, *cache, dtype) : std::make_unique<StaticDecoder>(model, dtype);
+}
+
+bool static_step_on(const SampleOptions& opts, const ModelConfig& cfg) {
+  return opts.use_cache && opts.static_decode && !env_off("FLASHCOS_DECODE_STATIC") && StaticDecoder::supports(cfg);
 }
 
 }  // namespace
+
+bool prime_through_decode(const SampleOptions& opts, const ModelConfig& cfg, const at::Device& device,
+                          int64_t prime_len) {
+  if (!static_step_on(opts, cfg) || opts.prime == SampleOptions::Prime::kPrefill) return false;
+  if (opts.prime == SampleOptions::Prime::kDecode) return true;
+  return device.is_cuda() && std::min(prime_len, cfg.max_seq_len) <= kDecodePrimeMax;
+}
 
 at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& opts,
                     const std::function<void(int64_t)>& on_token, GenerateInfo* info) {
@@ -118,12 +135,23 @@ at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& op
   const at::Tensor first = window_of(prime);
   bool cached = opts.use_cache && model->can_cache(0, first.size(1));
   at::Tensor last;  // (1, vocab) logits of the newest position
-  if (cached) {
-    last = model->forward_cached(first, cache).select(1, first.size(1) - 1);
-  }
   std::unique_ptr<StaticDecoder> decoder;
-  if (cached && opts.static_decode && !env_off("FLASHCOS_DECODE_STATIC") && StaticDecoder::supports(model->config())) {
-    decoder = make_decoder(model, cache, prime.device(), opts.cuda_graph && !env_off("FLASHCOS_DECODE_GRAPH"));
+  const bool graph = opts.cuda_graph && !env_off("FLASHCOS_DECODE_GRAPH");
+  if (cached && prime_through_decode(opts, model->config(), prime.device(), first.size(1))) {
+    // The prime byte by byte through the static step from position 0 (no prefill).
+    decoder = make_decoder(model, nullptr, prime.device(), graph);
+    const auto tokens = first.to(at::kCPU).contiguous();
+    const int64_t* tok = tokens.data_ptr<int64_t>();
+    for (int64_t i = 0; i < tokens.numel(); ++i) last = decoder->step(tok[i]);
+    if (info) info->prime = "decode step";
+  } else if (cached) {
+    last = model->forward_cached(first, cache).select(1, first.size(1) - 1);
+    if (info) info->prime = "prefill";
+  } else if (info) {
+    info->prime = "window";
+  }
+  if (cached && !decoder && static_step_on(opts, model->config())) {
+    decoder = make_decoder(model, &cache, prime.device(), graph);
     cache = KVCache();  // the rings hold it now
   }
   std::vector<int64_t> out;
