@@ -54,6 +54,7 @@ std::string ModelConfig::to_json() const {
                       {"pos", pos},
                       {"rope_base", rope_base},
                       {"attention_impl", attention_impl},
+                      {"deterministic", deterministic},
                       {"fastmax_p", fastmax_p},
                       {"fastmax_a0", fastmax_a0},
                       {"fastmax_a1", fastmax_a1},
@@ -79,6 +80,7 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
     c.attention_impl = j.at("attention_impl");
     c.pos = j.value("pos", std::string("learned"));  // older checkpoints: learned positions
     c.rope_base = j.value("rope_base", c.rope_base);
+    c.deterministic = j.value("deterministic", c.deterministic);
     c.fastmax_p = j.value("fastmax_p", c.fastmax_p);
     c.fastmax_a0 = j.value("fastmax_a0", c.fastmax_a0);
     c.fastmax_a1 = j.value("fastmax_a1", c.fastmax_a1);

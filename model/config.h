@@ -22,6 +22,9 @@ struct ModelConfig {
   std::string pos = "rope";
   double rope_base = 10000.0;
   std::string attention_impl = "plain"; // plain | sdpa | tiled | fused
+  // The fused attention backward in its deterministic mode (AttentionOptions::deterministic): bit-identical
+  // gradients from run to run; a run-time choice like attention_impl (weights do not depend on it).
+  bool deterministic = false;
   // Fastmax (attention == "fastmax"): f(x) = a0 + a1 x (+ a2 x^2 when p = 2), x = q.k / temperature.
   int64_t fastmax_p = 2;
   double fastmax_a0 = 1.0, fastmax_a1 = 1.0, fastmax_a2 = 0.5, fastmax_temperature = 1.0;

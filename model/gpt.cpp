@@ -95,7 +95,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     // in (B, T, heads, dim_head) order and return one packed gradient for it (attention.h); the
     // rotation runs inside its l2norm kernels.
     auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
-    opts.rotary(rope).rotary_base(cfg_.rope_base);
+    opts.rotary(rope).rotary_base(cfg_.rope_base).deterministic(cfg_.deterministic);
     return to_out_(cosine_sim_attention_qkv(qkv, NH, opts.backend(Backend::kFused)));
   }
   auto q = split_heads(qkv.narrow(-1, 0, inner));  // (B, NH, T, HS)
@@ -107,7 +107,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor o;
   if (cfg_.attention == "cosine") {
     auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
-    opts.rotary(rope).rotary_base(cfg_.rope_base);
+    opts.rotary(rope).rotary_base(cfg_.rope_base).deterministic(cfg_.deterministic);
     if (cfg_.attention_impl == "sdpa") {
       // Softmax is shift-invariant, so softmax(scale * q.k) on l2-normalised q, k is exactly the
       // cosine-sim attention (no key mask here, so no row is ever empty). q, k are normalised by

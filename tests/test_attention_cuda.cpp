@@ -80,6 +80,11 @@ std::vector<Case> all_cases() {
     C("d128_causal_i_lt_j_63x1000",  1, 2, 2, 63, 1000, 128).causal(),
     C("d128_len1",                   2, 2, 2, 1, 1, 128),
     C("d128_mq_exp_causal",          2, 4, 1, 300, 700, 128).mq().exp_kind().scale(1.2).causal(),
+    // Key masks on the Hopper family: rows with every key masked, I != J, grouped heads.
+    C("d64_mask_causal_2049",        2, 2, 2, 2049, 2049, 64).causal().mask(),
+    C("d64_mask_grouped_127x1000",   3, 4, 2, 127, 1000, 64).mask(),
+    C("d128_mask_causal_1000x2049",  2, 2, 2, 1000, 2049, 128).causal().mask(),
+    C("d128_mask_exp_300x700",       2, 2, 2, 300, 700, 128).mask().exp_kind().scale(1.3),
   };
 }
 // clang-format on
@@ -229,10 +234,10 @@ TEST_P(FusedAttention, MatchesFloat64Reference) {
   const int64_t hopper_runs = flashcos::hopper_kernel_launches() - hopper_before;
   ASSERT_TRUE(run.dq.defined() && run.dk.defined() && run.dv.defined()) << "no gradient reached q/k/v";
   // Which family ran: on a compute capability 9.0 device the Hopper kernels take every 16-bit
-  // d 64 / 128 case without mask or bias (the backward always; the forward unless the scale needs
-  // the online-max variant), unless FLASHCOS_HOPPER=0; nothing else reaches them.
+  // d 64 / 128 case without bias, key mask or not (the backward always; the forward unless the
+  // scale needs the online-max variant), unless FLASHCOS_HOPPER=0; nothing else reaches them.
   const bool hopper_case = (prm.dtype == at::kBFloat16 || prm.dtype == at::kHalf) && (c.D == 64 || c.D == 128) &&
-                           c.mask == MaskMode::kNone && c.bias == BiasMode::kNone;
+                           c.bias == BiasMode::kNone;
   if (hopper_case && hopper_family_expected()) {
     EXPECT_GE(hopper_runs, 1) << "the Hopper kernels did not run";
   } else {

@@ -38,6 +38,7 @@
 #include <torch/headeronly/version.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -92,6 +93,7 @@ int run(const BenchConfig& cfg) {
                    {"mask_prob", cfg.mask_prob},
                    {"scale", cfg.scale},
                    {"include_l2norm", cfg.include_l2norm},
+                   {"deterministic", cfg.deterministic},
                    {"batch", cfg.batch},
                    {"heads", cfg.heads},
                    {"dim_heads", cfg.dim_heads},
@@ -136,6 +138,9 @@ int run(const BenchConfig& cfg) {
           char mask_note[48] = "";
           if (cfg.mask_prob > 0)
             std::snprintf(mask_note, sizeof mask_note, ", mask-prob %g", cfg.mask_prob);
+          if (cfg.deterministic && pass != Pass::kFwd)
+            std::snprintf(mask_note + std::strlen(mask_note), sizeof mask_note - std::strlen(mask_note),
+                          ", deterministic");
           std::printf(
               "%s\n%-12sbatch: %-5lld heads: %-5lld dim %-5lld %s%s%s   kernel: %s   "
               "baseline: %s\n%s\n",

@@ -53,6 +53,7 @@ std::vector<Impl> make_impls(const BenchConfig& cfg) {
                         .causal(cfg.causal)
                         .scale(cfg.scale)
                         .l2norm_qk(cfg.include_l2norm && !exp_kind)
+                        .deterministic(cfg.deterministic)
                         .kind(exp_kind ? AttentionKind::kExp : AttentionKind::kCosine);
   const auto ours = [base](Backend backend) -> AttentionFn {
     return [base, backend](const Inputs& in) {

@@ -157,6 +157,7 @@ cxxopts::Options make_options() {
       ("mask-prob", "probability that a key is masked out (key mask (B, J)), in [0, 1)", text("0"))
       ("scale", "attention scale", text("10"))
       ("include-l2norm", "time the l2 normalisation of q and k too (default: outside the timing)")
+      ("deterministic", "our fused backward in its deterministic mode (bit-identical gradients; dq added in a fixed order)")
       ("fastmax-p", "fastmax polynomial order 1 | 2", text("2"))
       ("fastmax-normalize", "fastmax: rescale q, k per token to norm --fastmax-lim")
       ("fastmax-lim", "fastmax normalize radius", text("1"))
@@ -245,6 +246,7 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   }
   cfg.scale = parse_double("scale", r["scale"].as<std::string>());
   cfg.include_l2norm = r["include-l2norm"].as<bool>();
+  cfg.deterministic = r["deterministic"].as<bool>();
 
   const bool only_fwd = r["only-forwards"].as<bool>();
   const bool only_bwd = r["only-backwards"].as<bool>();

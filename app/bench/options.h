@@ -51,6 +51,7 @@ struct BenchConfig {
   bool cuda = false;
   double scale = 10.0;
   bool include_l2norm = false;
+  bool deterministic = false;  // our implementations' deterministic backward (AttentionOptions)
   uint64_t seed = 0;
   std::string json_path;
   std::string command_line;

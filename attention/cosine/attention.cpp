@@ -64,6 +64,7 @@ at::Tensor cosine_sim_attention(const at::Tensor& q, const at::Tensor& k, const 
   args.scale = options.scale();
   args.exp_kind = options.kind() == AttentionKind::kExp;
   args.bias_batch_dim = options.attn_bias_batch_dim();
+  args.deterministic = options.deterministic();
   args.tile_size = options.tile_size();
   // With l2norm off the cosine kind takes q, k as already unit-norm (|q.k| <= 1, e.g. normalised
   // by the caller, as `./train bench` does): the fixed-offset forward stays in use.

@@ -30,6 +30,7 @@ struct CoreArgs {
   // is normalised separately; 1 without l2norm (q, k are then taken as unit-norm). The 16-bit forward picks its fixed-offset or
   // online variant by it (fwd_needs_online in attention/cosine/cuda/params.h).
   double qk_max = 1.0;
+  bool deterministic = false;  // fused backward: dq in a fixed order, dbias without atomics
 };
 
 struct ForwardResult {

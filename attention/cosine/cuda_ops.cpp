@@ -158,6 +158,7 @@ fc::FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at
 
 struct BwdBuffers {
   at::Tensor delta, row_offset, dq_accum, dq, dk, dv, dbias_accum;
+  at::Tensor dq_semaphore;  // deterministic mode, 16-bit kernels: (B, H, ceil(I / 16)) int32 counters
 };
 
 fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -180,6 +181,8 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
   p.dk_b_stride = buf.dk.stride(0), p.dk_h_stride = buf.dk.stride(1), p.dk_j_stride = buf.dk.stride(2);
   p.dv_b_stride = buf.dv.stride(0), p.dv_h_stride = buf.dv.stride(1), p.dv_j_stride = buf.dv.stride(2);
   p.dbias_accum = buf.dbias_accum.defined() ? buf.dbias_accum.data_ptr() : nullptr;
+  p.dbias_per_head = args.deterministic && buf.dbias_accum.defined();
+  p.dq_semaphore = buf.dq_semaphore.defined() ? buf.dq_semaphore.data_ptr<int>() : nullptr;
   return p;
 }
 
@@ -237,11 +240,15 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   if (accum) {
     buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
     buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);     // (B, H, I, D)
+    if (args.deterministic) buf.dq_semaphore = at::zeros({B, H, (I + 15) / 16}, q.options().dtype(at::kInt));
   }
   buf.dk = at::empty({B, Hkv, J, D}, q.options());
   buf.dv = dv_out.defined() ? dv_out : at::empty({B, Hkv, J, D}, q.options());
   check_output(where, "dv_out", buf.dv, v);
-  if (bias.defined()) buf.dbias_accum = at::zeros({bias.size(0), I, J}, acc_opts);
+  // Deterministic: dbias per (b, h), each element written once, then summed over the broadcast dim.
+  if (bias.defined()) {
+    buf.dbias_accum = args.deterministic ? at::zeros({B, H, I, J}, acc_opts) : at::zeros({bias.size(0), I, J}, acc_opts);
+  }
   poison_if_requested(buf.dq);
   poison_if_requested(buf.dk);
   poison_if_requested(buf.dv);
@@ -257,7 +264,7 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   if (bias_in.defined()) {
     r.dbias = at::empty(bias_in.sizes(), bias_in.options());
     poison_if_requested(r.dbias);
-    r.dbias.copy_(buf.dbias_accum);
+    r.dbias.copy_(args.deterministic ? buf.dbias_accum.sum(args.bias_batch_dim ? 1 : 0) : buf.dbias_accum);
   }
   return r;
 }

@@ -31,9 +31,10 @@ at::Tensor part(const at::Tensor& packed, int64_t heads, int64_t which) {
 }
 
 // The fused core's arguments of the packed path (cosine kind, q, k l2-normalised in `groups`).
-detail::CoreArgs qkv_args(bool causal, double scale, int64_t groups) {
+detail::CoreArgs qkv_args(bool causal, double scale, int64_t groups, bool deterministic) {
   detail::CoreArgs args;
   args.causal = causal;
+  args.deterministic = deterministic;
   args.scale = scale;
   args.qk_max = static_cast<double>(groups);
   return args;
@@ -42,7 +43,8 @@ detail::CoreArgs qkv_args(bool causal, double scale, int64_t groups) {
 class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads, bool causal,
-                               double scale, int64_t groups, bool rotary, double base, int64_t offset) {
+                               double scale, int64_t groups, bool rotary, double base, int64_t offset,
+                               bool deterministic) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
     const at::Tensor q = part(qkv, heads, 0), k = part(qkv, heads, 1), v = part(qkv, heads, 2);
@@ -53,7 +55,7 @@ class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFuncti
     // o is returned as allocated (a view made inside a custom Function could not be modified in
     // place); the kernel writes it through its (B, H, T, D) view.
     const at::Tensor o = at::empty({B, T, heads * D}, qkv.options());
-    const detail::CoreArgs args = qkv_args(causal, scale, groups);
+    const detail::CoreArgs args = qkv_args(causal, scale, groups, deterministic);
     const auto r = detail::fused_forward(qn, kn, v, {}, {}, args, o.view({B, T, heads, D}).permute({0, 2, 1, 3}));
     // o itself is saved (the output; a saved no-grad view of it would break autograd's history
     // rewrite of o), and viewed again in the backward.
@@ -65,6 +67,7 @@ class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFuncti
     ctx->saved_data["rotary"] = rotary;
     ctx->saved_data["base"] = base;
     ctx->saved_data["offset"] = offset;
+    ctx->saved_data["deterministic"] = deterministic;
     return {o};
   }
 
@@ -74,7 +77,8 @@ class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFuncti
     const auto &qkv = saved[0], &qn = saved[1], &kn = saved[2], &rq = saved[3], &rk = saved[4], &l = saved[6];
     const int64_t heads = ctx->saved_data["heads"].toInt(), groups = ctx->saved_data["groups"].toInt();
     const detail::CoreArgs args =
-        qkv_args(ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(), groups);
+        qkv_args(ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(), groups,
+                 ctx->saved_data["deterministic"].toBool());
     const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * heads);
     const at::Tensor o = saved[5].view({B, T, heads, D}).permute({0, 2, 1, 3});
     at::Tensor dout = grad_outputs[0];
@@ -89,7 +93,7 @@ class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFuncti
     detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0), rp);
     detail::l2norm_cuda_backward(g.dk, part(qkv, heads, 1), rk, groups, part(dqkv, heads, 1), rp);
     return {dqkv,         at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -126,7 +130,7 @@ at::Tensor cosine_sim_attention_qkv(const at::Tensor& qkv, int64_t heads, const 
                 options.position_offset() + T, " must lie in [0, 2^24]");
   }
   return QkvAttentionFunction::apply(qkv, heads, options.causal(), options.scale(), options.groups(), options.rotary(),
-                                     options.rotary_base(), options.position_offset())[0];
+                                     options.rotary_base(), options.position_offset(), options.deterministic())[0];
 }
 
 }  // namespace flashcos

@@ -15,6 +15,7 @@
 #include "attention/common/cuda/mma.cuh"
 #include "attention/cosine/cuda/params.h"
 #include "attention/cosine/cuda/tuning.h"
+#include "attention/cosine/cuda/dq_semaphore.cuh"
 
 namespace flashcos::cuda {
 
@@ -160,7 +161,8 @@ __device__ __forceinline__ void load_row_stats_async(float* s_rowc, float* s_del
   }
 }
 
-template <typename T, int D, int V>
+// kDet: dq added in key-block order (p.dq_semaphore, dq_semaphore.cuh), as its own instance.
+template <typename T, int D, int V, bool kDet>
 __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBlocks)
     bwd_kernel(const BwdParams p) {
   using Tile = BwdTile<D, V>;
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
     if (has_bias) {
       const int lead = p.bias_batch_dim ? b : h;
       gBias = static_cast<const float*>(p.bias) + lead * p.bias_0_stride;
-      gdBias = static_cast<float*>(p.dbias_accum) + int64_t(lead) * I * J;
+      gdBias = static_cast<float*>(p.dbias_accum) + (p.dbias_per_head ? int64_t(b) * H + h : int64_t(lead)) * I * J;
     }
 #pragma unroll
     for (int nt = 0; nt < kMT8; ++nt)
@@ -368,6 +370,11 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
         }
       }
       float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+      int* unit = kDet ? dq_unit_counter(p.dq_semaphore, b, H, h, I, m0) : nullptr;
+      if (kDet) {  // deterministic: after every lower key block's adds (dq_semaphore.cuh)
+        if (tid == 0) dq_unit_wait(unit, n_block);
+        __syncthreads();
+      }
 #pragma unroll
       for (int e0 = 0; e0 < 2; ++e0) {
         const int r = m0 + mq * 16 + g + 8 * e0;
@@ -376,6 +383,11 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
         for (int i = 0; i < kNQ; ++i)
           atomic_add2(gdQ + int64_t(r) * D + d0 + i * 8 + 2 * t, rdQ[i][2 * e0] * p.scale,
                       rdQ[i][2 * e0 + 1] * p.scale);
+      }
+      if (kDet) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) dq_unit_done(unit);
       }
     }
   }
@@ -402,7 +414,8 @@ cudaError_t launch_bwd_tile(const BwdParams& p, cudaStream_t stream) {
   using Tile = BwdTile<D, V>;
   const size_t smem = Tile::smem_bytes(sizeof(T));
   const dim3 grid((p.J + Tile::kBN - 1) / Tile::kBN, p.Hkv, p.B);
-  return launch_with_smem(bwd_kernel<T, D, V>, grid, Tile::kThreads, smem, stream, p);
+  return p.dq_semaphore != nullptr ? launch_with_smem(bwd_kernel<T, D, V, true>, grid, Tile::kThreads, smem, stream, p)
+                                   : launch_with_smem(bwd_kernel<T, D, V, false>, grid, Tile::kThreads, smem, stream, p);
 }
 
 template <typename T, int D>

@@ -1,7 +1,7 @@
 // The launchers: pick the kernel family for the inputs and the device, then the template
 // instance for (dtype, head dim). Families:
-//   * Hopper (attention/cosine/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, d 64 / 128, no key mask, no
-//     bias, scales inside the fixed-offset range of the forward; used on compute capability 9.0
+//   * Hopper (attention/cosine/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, d 64 / 128, with or without
+//     a key mask, no bias, scales inside the fixed-offset range of the forward; used on compute capability 9.0
 //     devices when the build has it (FLASHCOS_HAS_HOPPER) and FLASHCOS_HOPPER is not "0".
 //   * sm_80+ mma.sync kernels for every other fp16 / bf16 case;
 //   * SIMT kernels for fp32 / fp64.
@@ -41,7 +41,7 @@ bool hopper_device() {
 
 bool hopper_covers(const CommonParams& p) {
 #ifdef FLASHCOS_HAS_HOPPER
-  return is_16bit(p.dtype) && (p.D == 64 || p.D == 128) && p.mask == nullptr && p.bias == nullptr &&
+  return is_16bit(p.dtype) && (p.D == 64 || p.D == 128) && p.bias == nullptr &&
          hopper_enabled() && hopper_device();
 #else
   (void)p;

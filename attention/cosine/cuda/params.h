@@ -74,8 +74,16 @@ struct BwdParams : CommonParams {
   void* dv = nullptr;  // (B, Hkv, J, D), strides below
   int64_t dk_b_stride = 0, dk_h_stride = 0, dk_j_stride = 0;
   int64_t dv_b_stride = 0, dv_h_stride = 0, dv_j_stride = 0;
-  // (H or B, I, J) contiguous accumulator type, zeroed by the caller; nullptr without bias.
+  // (H or B, I, J) contiguous accumulator type, zeroed by the caller; nullptr without bias. With
+  // dbias_per_head it is (B, H, I, J): every element is added once (deterministic), and the caller
+  // sums the broadcast dim.
   void* dbias_accum = nullptr;
+  bool dbias_per_head = false;
+  // Deterministic dq: (B, H, ceil(I / 16)) int counters, zeroed by the caller, or nullptr. The 16-bit
+  // kernels add their dQ part of a row unit (rows r0 .. r0 + n of one (b, h), r0 a multiple of 16)
+  // only after every lower key block did: counter r0 / 16 counts the adds made so far
+  // (dq_semaphore.cuh).
+  int* dq_semaphore = nullptr;
 };
 
 // Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the

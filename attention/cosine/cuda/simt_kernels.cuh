@@ -182,7 +182,9 @@ __global__ void __launch_bounds__(simt::kThreads) simt_dq_kernel(const BwdParams
   const T* gV = static_cast<const T*>(p.v) + b * p.v_b_stride + hkv * p.v_h_stride;
   const int lead = p.bias_batch_dim ? b : h;
   const T* gBias = p.bias ? static_cast<const T*>(p.bias) + lead * p.bias_0_stride : nullptr;
-  T* gdBias = p.bias ? static_cast<T*>(p.dbias_accum) + int64_t(lead) * I * J : nullptr;
+  T* gdBias = p.bias ? static_cast<T*>(p.dbias_accum) +
+                           (p.dbias_per_head ? int64_t(b) * p.H + h : int64_t(lead)) * I * J
+                     : nullptr;
   const T scale = T(p.scale_d), offset = p.exp_kind ? T(0) : -T(p.scale_d);
 
   T q[kDS], dout[kDS], dq[kDS], inv_l = 0, delta = 0;

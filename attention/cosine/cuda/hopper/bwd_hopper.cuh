@@ -1,7 +1,7 @@
 // Backward of cosine-sim attention on Hopper warpgroup MMAs (wgmma, sm_90a), fp16 / bf16, d 64 / 128.
 //
-// Same math and scratch as bwd_kernel.cuh (read its header first); no key mask, no bias (launch.cu
-// sends those to the sm_80 kernels). One CTA owns kBN = 128 keys of one (b, kv head) and loops
+// Same math and scratch as bwd_kernel.cuh (read its header first); a key mask or none, no bias
+// (launch.cu sends that to the sm_80 kernels). One CTA owns kBN = 128 keys of one (b, kv head) and loops
 // over every query head of the group and every block of kBM (128 for d 64, 64 for d 128) query
 // rows. Warpgroup w owns keys 64w .. 64w + 63 and, per step it:
 //   S^T = K_w Q^T, dP^T = V_w dO^T      wgmma, A (K-major) and B (K-major) from shared memory, as
@@ -27,6 +27,7 @@
 #pragma once
 
 #include "attention/cosine/cuda/bwd_kernel.cuh"
+#include "attention/cosine/cuda/dq_semaphore.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
 
@@ -51,7 +52,9 @@ struct BwdHopperTile {
                                   2 * kStages * kBM * sizeof(float) + kBarriers * sizeof(uint64_t) + kSw128Atom;
 };
 
-template <typename T, int D, int BM>
+// kDet: dq added in key-block order (p.dq_semaphore, dq_semaphore.cuh); its own instance, so that
+// the default one keeps its registers (the ordering code made it spill).
+template <typename T, int D, int BM, bool kDet>
 __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = BwdHopperTile<D, BM>;
@@ -98,6 +101,14 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   const int n0 = n_block * kBN;
   const int wg_key0 = n0 + wg * 64;
   const int key_local0 = wg * 64 + warp * 16 + g;
+  // This thread's two keys n0 + key_local0 + 8 e0: inside J and not masked out.
+  const bool has_mask = p.mask != nullptr;
+  bool key_ok[2];
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    const int c = n0 + key_local0 + 8 * e0;
+    key_ok[e0] = c < J && (!has_mask || p.mask[int64_t(b) * p.mask_b_stride + int64_t(c) * p.mask_j_stride]);
+  }
 
   const T* gK = static_cast<const T*>(p.k) + b * p.k_b_stride + hkv * p.k_h_stride;
   const T* gV = static_cast<const T*>(p.v) + b * p.v_b_stride + hkv * p.v_h_stride;
@@ -151,6 +162,15 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   auto flush_dq = [&](int it) {
     const int h = step_h(it), m0 = step_m0(it);
     float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+    // Deterministic: this warpgroup's rows (128-row steps) or columns (64-row steps) of the unit
+    // after every lower key block's (dq_semaphore.cuh); named barrier 2 + wg is the warpgroup's.
+    const bool ordered = kDet && m0 + (kSplitRows ? wg * 64 : 0) < I;
+    if (ordered) {
+      if (tid % 128 == 0)
+        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, m0 + (kSplitRows ? wg * 64 : 0)),
+                     kSplitRows ? n_block : 2 * n_block);
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+    }
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
       const int r = m0 + (kSplitRows ? wg * 64 : 0) + warp * 16 + g + 8 * e0;
@@ -159,6 +179,11 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
       for (int i = 0; i < kNQ / 8; ++i)
         atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : wg * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
                     rdQ[4 * i + 2 * e0 + 1] * p.scale);
+    }
+    if (ordered) {
+      __threadfence();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+      if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, h, I, m0 + (kSplitRows ? wg * 64 : 0)));
     }
   };
   // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row
@@ -186,7 +211,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
     const float* sDeltas = sDelta + stage * kBM;
     unsigned char* sdSb = sdS + (it & 1) * Tile::kSBytes;
 
-    const bool elementwise = wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
+    const bool elementwise = has_mask || wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
     float rS[kBM / 2], rdP[kBM / 2];
     // acc = A_w B^T over the head dim: S^T (A = K, B = Q) or dP^T (A = V, B = dO); both K-major.
     auto issue_s_dp = [&](float (&acc)[kBM / 2], uint32_t a_base, uint32_t b_base) {
@@ -232,7 +257,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
       bool ok = true;
       if (elementwise) {
         const int c = n0 + key_local0 + 8 * ((i / 2) % 2);
-        ok = c < J && (!p.causal || c <= m0 + rl + diag);
+        ok = key_ok[(i / 2) % 2] && (!p.causal || c <= m0 + rl + diag);
       }
       rS[i] = ok ? fast_exp2(x) : 0.f;
     }
@@ -345,7 +370,9 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
     const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
     const dim3 grid{unsigned(blocks)};
-    return launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM>, grid, Tile::kThreads, Tile::kSmem, stream, p);
+    return p.dq_semaphore != nullptr
+               ? launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM, true>, grid, Tile::kThreads, Tile::kSmem, stream, p)
+               : launch_with_smem(hopper::bwd_hopper_kernel<T, D, kBM, false>, grid, Tile::kThreads, Tile::kSmem, stream, p);
   });
 }
 

@@ -2,8 +2,8 @@
 //
 // Same math as fwd_kernel.cuh (read its header first): P = exp2(S scale log2e + offset), no row
 // max, O = P V / l with l the sum of the 16-bit P, the fp32 sum of the unrounded P saved for the
-// backward. This family covers the common case only: no key mask, no bias, and scales inside the
-// fixed-offset range (launch.cu sends everything else to the sm_80 kernels).
+// backward. This family covers a key mask or none, no bias, and scales inside the fixed-offset
+// range (launch.cu sends everything else to the sm_80 kernels).
 //
 // One CTA owns kBM = 64 kWG query rows of one (b, h); warpgroup w owns rows 64w .. 64w + 63.
 // K, V tiles of kBN keys stream through two cp.async stages into 128-byte-swizzled shared memory
@@ -130,9 +130,9 @@ __global__ void __launch_bounds__(FwdHopperTile<D>::kThreads, 1) fwd_hopper_kern
     wgmma_wait<0>();
     fence_regs(rS);
 
-    // P = exp2(logit in log2 units); keys past J and above the causal diagonal give 0.
+    // P = exp2(logit in log2 units); keys past J, masked keys and keys above the causal diagonal give 0.
     const int n0 = j * kBN;
-    const bool elementwise = n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
+    const bool elementwise = p.mask != nullptr || n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
     if (!elementwise) {
 #pragma unroll
       for (int i = 0; i < kBN / 2; ++i) {
@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(FwdHopperTile<D>::kThreads, 1) fwd_hopper_kern
       for (int i = 0; i < kBN / 2; ++i) {
         const int c = n0 + (i / 4) * 8 + 2 * t + (i % 2);
         const int r = row0 + 8 * ((i / 2) % 2);
-        const bool ok = c < J && (!p.causal || c <= r + diag);
+        const bool ok = c < J && (!p.causal || c <= r + diag) &&
+                        (p.mask == nullptr || p.mask[int64_t(b) * p.mask_b_stride + int64_t(c) * p.mask_j_stride]);
         const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
         rS[i] = pe;
         rLt[(i / 2) % 2] += pe;

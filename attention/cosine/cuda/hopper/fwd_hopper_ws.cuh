@@ -192,10 +192,24 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kPT; ++kk) Wgmma<T, kNO>::template rs<1>(rO, rP[kk], make_desc(aVs + kk * 16 * kSw128Row, lbo, kSw128Atom), 1);
   };
-  // P = exp2(logit in log2 units) in place; keys past J and above the causal diagonal give 0.
+  // P = exp2(logit in log2 units) in place; keys past J, masked keys and keys above the causal
+  // diagonal give 0. The key mask: bit 2 q + e of `keep` is this thread's column n0 + 8 q + 2 t + e.
+  const bool has_mask = p.mask != nullptr;
+  const uint8_t* gMask = has_mask ? p.mask + int64_t(b) * p.mask_b_stride : nullptr;
   auto exp_block = [&](float (&rS)[kBN / 2], int j) {
     const int n0 = j * kBN;
-    const bool elementwise = n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
+    const bool elementwise = has_mask || n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
+    uint32_t keep = 0xffffffffu;
+    if (has_mask) {
+      keep = 0;
+#pragma unroll
+      for (int q = 0; q < kBN / 8; ++q)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n0 + 8 * q + 2 * t + e;
+          keep |= uint32_t(col < J && gMask[int64_t(col) * p.mask_j_stride] != 0) << (2 * q + e);
+        }
+    }
     if (!elementwise) {
 #pragma unroll
       for (int i = 0; i < kBN / 2; ++i) {
@@ -208,7 +222,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
       for (int i = 0; i < kBN / 2; ++i) {
         const int col = n0 + (i / 4) * 8 + 2 * t + (i % 2);
         const int r = row0 + 8 * ((i / 2) % 2);
-        const bool ok = col < J && (!p.causal || col <= r + diag);
+        const bool ok = col < J && (!p.causal || col <= r + diag) && ((keep >> (2 * (i / 4) + (i % 2))) & 1u);
         const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
         rS[i] = pe;
         rLt[(i / 2) % 2] += pe;

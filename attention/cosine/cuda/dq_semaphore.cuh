@@ -1,0 +1,38 @@
+// Deterministic dQ for the 16-bit backward kernels (BwdParams::dq_semaphore).
+//
+// Every CTA of the backward owns one key block n and adds its part dQ_n = dS_n K_n of each query
+// row unit (rows r0 .. r0 + n_rows of one (b, h)) to the fp32 accumulator. Float addition is not
+// associative, so racing atomics give run-to-run different bits. Here the adds to one unit happen
+// in key-block order: the CTA of block n waits until the unit's counter shows every lower block's
+// adds (n adds per writer of a block), adds, then counts its own:
+//   one thread:   spin on ld.acquire.gpu counter >= target
+//   barrier       (the acquire extends to the CTA's / warpgroup's threads)
+//   every thread: its atomics, __threadfence()
+//   barrier, one thread: red.release.gpu counter += 1
+// Progress needs key block n - 1 to be resident or done while n waits: both kernels launch lower
+// key blocks of a (b, head) first, and CUDA starts blocks in index order.
+#pragma once
+
+#include <cstdint>
+
+namespace flashcos::cuda {
+
+// The counter of the unit whose first row is r0 (a multiple of 16) in head (b, h).
+__device__ __forceinline__ int* dq_unit_counter(int* base, int b, int H, int h, int I, int r0) {
+  return base + (int64_t(b) * H + h) * ((I + 15) / 16) + r0 / 16;
+}
+
+__device__ __forceinline__ void dq_unit_wait(const int* counter, int target) {
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    if (v >= target) return;
+    __nanosleep(64);
+  }
+}
+
+__device__ __forceinline__ void dq_unit_done(int* counter) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
+}  // namespace flashcos::cuda
