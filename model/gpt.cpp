@@ -58,14 +58,42 @@ fused::AddLayerNormOut add_norm(const Residual& in, torch::nn::LayerNorm& norm) 
   return {sum, norm(sum)};
 }
 
+// A Linear or Embedding as libtorch builds it (initialise), or with its parameters allocated but
+// not initialised: libtorch's constructors always run their default init (kaiming_uniform_ and
+// normal_, one core, ~0.1 s over the default model's 25M parameters), which a model about to take
+// a checkpoint's weights does not need. Built at 1 x 1 (an init of one number), then given the
+// real options and empty tensors of the real shapes in place (the registered parameters are the
+// same tensors).
+torch::nn::Linear make_linear(const torch::nn::LinearOptions& options, bool initialise) {
+  if (initialise) return torch::nn::Linear(options);
+  torch::nn::Linear layer(torch::nn::LinearOptions(1, 1).bias(options.bias()));
+  torch::NoGradGuard no_grad;
+  layer->options = options;
+  layer->weight.set_(torch::empty({options.out_features(), options.in_features()}));
+  if (options.bias()) layer->bias.set_(torch::empty({options.out_features()}));
+  return layer;
+}
+
+torch::nn::Embedding make_embedding(int64_t count, int64_t dim, bool initialise) {
+  if (initialise) return torch::nn::Embedding(count, dim);
+  torch::nn::Embedding layer(1, 1);
+  torch::NoGradGuard no_grad;
+  layer->options.num_embeddings(count).embedding_dim(dim);
+  layer->weight.set_(torch::empty({count, dim}));
+  return layer;
+}
+
 }  // namespace
 
-AttentionImpl::AttentionImpl(const ModelConfig& cfg) : cfg_(cfg) {
+AttentionImpl::AttentionImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
   const int64_t inner = cfg.heads * cfg.dim_head;
-  to_q_ = register_module("to_q", torch::nn::Linear(torch::nn::LinearOptions(cfg.dim, inner).bias(false)));
-  to_k_ = register_module("to_k", torch::nn::Linear(torch::nn::LinearOptions(cfg.dim, inner).bias(false)));
-  to_v_ = register_module("to_v", torch::nn::Linear(torch::nn::LinearOptions(cfg.dim, inner).bias(false)));
-  to_out_ = register_module("to_out", torch::nn::Linear(torch::nn::LinearOptions(inner, cfg.dim).bias(false)));
+  auto linear = [&](int64_t in, int64_t out) {
+    return make_linear(torch::nn::LinearOptions(in, out).bias(false), initialise);
+  };
+  to_q_ = register_module("to_q", linear(cfg.dim, inner));
+  to_k_ = register_module("to_k", linear(cfg.dim, inner));
+  to_v_ = register_module("to_v", linear(cfg.dim, inner));
+  to_out_ = register_module("to_out", linear(inner, cfg.dim));
 }
 
 std::pair<torch::Tensor, torch::Tensor> AttentionImpl::prepare_qk(torch::Tensor q, torch::Tensor k, int64_t pos) const {
@@ -204,12 +232,12 @@ torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, LayerCache& 
   return to_out_(o.to(x.scalar_type()).transpose(1, 2).reshape({B, n, inner}));
 }
 
-BlockImpl::BlockImpl(const ModelConfig& cfg) {
+BlockImpl::BlockImpl(const ModelConfig& cfg, bool initialise) {
   norm_attn_ = register_module("norm_attn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
-  attn_ = register_module("attn", Attention(cfg));
+  attn_ = register_module("attn", Attention(cfg, initialise));
   norm_ff_ = register_module("norm_ff", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
-  ff_in_ = register_module("ff_in", torch::nn::Linear(cfg.dim, 4 * cfg.dim));
-  ff_out_ = register_module("ff_out", torch::nn::Linear(4 * cfg.dim, cfg.dim));
+  ff_in_ = register_module("ff_in", make_linear(torch::nn::LinearOptions(cfg.dim, 4 * cfg.dim), initialise));
+  ff_out_ = register_module("ff_out", make_linear(torch::nn::LinearOptions(4 * cfg.dim, cfg.dim), initialise));
 }
 
 Residual BlockImpl::forward(const Residual& in) {
@@ -230,12 +258,12 @@ torch::Tensor BlockImpl::forward_cached(torch::Tensor x, LayerCache& cache, int6
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
   cfg.validate();
-  token_emb_ = register_module("token_emb", torch::nn::Embedding(cfg.vocab, cfg.dim));
-  if (cfg.pos == "learned") pos_emb_ = register_module("pos_emb", torch::nn::Embedding(cfg.max_seq_len, cfg.dim));
+  token_emb_ = register_module("token_emb", make_embedding(cfg.vocab, cfg.dim, initialise));
+  if (cfg.pos == "learned") pos_emb_ = register_module("pos_emb", make_embedding(cfg.max_seq_len, cfg.dim, initialise));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < cfg.depth; ++i) blocks_->push_back(Block(cfg));
+  for (int64_t i = 0; i < cfg.depth; ++i) blocks_->push_back(Block(cfg, initialise));
   norm_out_ = register_module("norm_out", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.dim})));
-  to_logits_ = register_module("to_logits", torch::nn::Linear(cfg.dim, cfg.vocab));
+  to_logits_ = register_module("to_logits", make_linear(torch::nn::LinearOptions(cfg.dim, cfg.vocab), initialise));
   // GPT-style init: N(0, 0.02) weights, zero biases; the initial loss is then ~ln(256).
   if (!initialise) return;
   torch::NoGradGuard no_grad;
@@ -247,6 +275,14 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
       torch::nn::init::normal_(p.value(), 0.0, 0.02);
     }
   }
+}
+
+void GPTImpl::set_attention_impl(const std::string& impl) {
+  ModelConfig next = cfg_;
+  next.attention_impl = impl;
+  next.validate();
+  cfg_ = next;
+  for (const auto& block : *blocks_) block->as<Block>()->set_attention_impl(impl);
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {

@@ -37,11 +37,13 @@ struct KVCache {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& cfg);
+  // initialise false: the projections' weights are allocated, not initialised (GPTImpl).
+  explicit AttentionImpl(const ModelConfig& cfg, bool initialise = true);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C), causal
   // x (1, n, C): n new tokens at absolute positions pos .. pos + n - 1, appended to `cache`
   // (which must then hold the tokens before pos, or be empty); inference only.
   torch::Tensor forward_cached(const torch::Tensor& x, LayerCache& cache, int64_t pos);
+  void set_attention_impl(const std::string& impl) { cfg_.attention_impl = impl; }
 
  private:
   // q, k (B, NH, T, HS) as the attention core takes them, in torch ops: l2-normalised (cosine, exp)
@@ -67,11 +69,12 @@ struct Residual {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const ModelConfig& cfg);
+  explicit BlockImpl(const ModelConfig& cfg, bool initialise = true);
   // x + attn(norm_attn(x)), then + ff(norm_ff(.)), with x = in.x + in.pending; the feed-forward's
   // output is returned as `pending`, not yet added.
   Residual forward(const Residual& in);
   torch::Tensor forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos);
+  void set_attention_impl(const std::string& impl) { attn_->set_attention_impl(impl); }
 
  private:
   torch::nn::LayerNorm norm_attn_{nullptr}, norm_ff_{nullptr};
@@ -82,8 +85,10 @@ TORCH_MODULE(Block);
 
 class GPTImpl : public torch::nn::Module {
  public:
-  // initialise false skips the GPT-style init (~0.1 s on a CPU at dim 512 / depth 8) for a model
-  // whose weights are about to be replaced (loading a checkpoint).
+  // initialise false skips the GPT-style init (~0.1 s on a CPU at dim 512 / depth 8) and libtorch's
+  // own default init of the Linear and Embedding layers (another ~0.1 s) for a model whose weights
+  // are about to be replaced (loading a checkpoint): their parameters are allocated, of the right
+  // shapes, with undefined contents (the LayerNorms keep their 1 / 0).
   explicit GPTImpl(const ModelConfig& cfg, bool initialise = true);
   torch::Tensor forward(const torch::Tensor& tokens);  // (B, T) int64 -> (B, T, vocab) logits
   // Mean cross entropy (nats) of predicting window[:, 1:] from window[:, :-1]; window (B, T + 1).
@@ -95,6 +100,10 @@ class GPTImpl : public torch::nn::Module {
   // Whether forward_cached can take `n` more tokens after cache.next_pos.
   bool can_cache(int64_t next_pos, int64_t n) const;
   const ModelConfig& config() const { return cfg_; }
+  // Another attention implementation for the same weights (sample / eval pick it once the device
+  // is known); throws std::invalid_argument (ModelConfig::validate's words) when the config
+  // cannot run it.
+  void set_attention_impl(const std::string& impl);
 
  private:
   // The residual stream after the last block, before the final norm: (B, T) -> (B, T, C).
