@@ -14,6 +14,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -151,7 +152,13 @@ int run_sample(int argc, char** argv) {
     // generate: module loads, the CUDA graph's capture, and cuBLAS where the prime is prefilled;
     // with the config read and the tiny model's construction), or cuBLAS alone (model::warm_up)
     // without a run folder.
+    // The device itself is resolved on that thread too, and handed over as soon as it is known: on
+    // CUDA that asks the driver (cuInit), which serialises every other CUDA call of the process, so
+    // this thread touches CUDA only once the weights are in host memory. Its errors (--device cuda
+    // without a GPU, a bad --device) surface from device_known.get() on this thread.
     double warm_context = 0, warm_kernels = 0;
+    std::promise<c10::Device> device_promise;
+    std::future<c10::Device> device_known = device_promise.get_future();
     Background warm([&, device_name] {
       auto w_last = std::chrono::steady_clock::now();
       auto lap = [&w_last] {
@@ -160,8 +167,15 @@ int run_sample(int argc, char** argv) {
         w_last = now;
         return s;
       };
+      c10::Device dev(c10::kCPU);
       try {
-        const auto dev = model::resolve_device(device_name);
+        dev = model::resolve_device(device_name);
+      } catch (...) {
+        device_promise.set_exception(std::current_exception());
+        return;
+      }
+      device_promise.set_value(dev);
+      try {
         if (dev.is_cuda()) {
           (void)at::empty({1}, at::TensorOptions().device(dev));
           model::synchronize(dev);
@@ -199,13 +213,18 @@ int run_sample(int argc, char** argv) {
       } catch (...) {  // only a warm-up: a real failure surfaces, with its message, on the main thread
       }
     });
+    // The model is built with the recorded attention implementation (the weights are the same for
+    // every one) and gets the one for this device once the device is known.
     model::CheckpointMeta meta;
-    c10::Device device(c10::kCPU);
-    auto gpt = model::load_model(path, c10::Device(c10::kCPU), &meta, [&](const model::ModelConfig& recorded) {
-      device = model::resolve_device(device_name);
-      return pick_attention_impl(requested_impl, recorded.attention_impl, device);
-    });
+    auto gpt = model::load_model(path, c10::Device(c10::kCPU), &meta);
     const auto t_read = std::chrono::steady_clock::now();
+    const c10::Device device = device_known.get();
+    const std::string impl = pick_attention_impl(requested_impl, meta.model.attention_impl, device);
+    if (impl != meta.model.attention_impl) {
+      gpt->set_attention_impl(impl);
+      meta.model.attention_impl = impl;
+    }
+    const auto t_known = std::chrono::steady_clock::now();
     // The weights go over while the start-up thread may still load kernels (the copy waits for the
     // CUDA context if that is not up yet); then its end.
     gpt->to(device);
@@ -250,12 +269,12 @@ int run_sample(int argc, char** argv) {
     std::fprintf(stderr,
                  "generated %lld bytes in %.3f s (%.1f bytes/s, %s, %s; before main %.3f s, options %.3f s, checkpoint read"
                  " %.3f s, device start-up %.3f s (context %.3f, kernels %.3f) beside it, device wait %.3f s"
-                 " (after the weights went to the device in %.3f s), prime read %.3f s beside it, prime wait %.3f s, prime through the %s %.3f s, generation %.3f s"
+                 " (after the device was known in %.3f s and the weights went to it in %.3f s), prime read %.3f s beside it, prime wait %.3f s, prime through the %s %.3f s, generation %.3f s"
                  " = enqueue %.3f + wait %.3f + sampling %.3f + other; %.3f s since start)\n",
                  static_cast<long long>(out.numel()), secs, static_cast<double>(out.numel()) / std::max(secs, 1e-9),
                  so.use_cache ? ("KV cache, decode " + info.decode).c_str() : "no cache", precision.c_str(), before_main,
                  span(t_main, t_load), span(t_load, t_read), warm_context + warm_kernels,
-                 warm_context, warm_kernels, span(t_moved, t_device), span(t_read, t_moved), prime_read_s, span(t_device, t_prime),
+                 warm_context, warm_kernels, span(t_moved, t_device), span(t_read, t_known), span(t_known, t_moved), prime_read_s, span(t_device, t_prime),
                  info.prime.c_str(), info.prefill_s, std::max(secs - info.prefill_s, 0.0), info.enqueue_s, info.wait_s,
                  info.sample_s, seconds_since_process_start());
     // Nothing is left to write (stdout is flushed below): leave without libtorch's and the CUDA
