@@ -91,9 +91,13 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   // causal: key block fastest, so that the CTAs running together share one (b, head)'s Q / dO in
   // L2 (key block slowest cost 10% at d64 n 16384).
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
-  const unsigned slow = p.causal ? unsigned(heads_batches) : unsigned(n_blocks);
-  const int n_block = p.causal ? int(blockIdx.x / slow) : int(blockIdx.x % slow);
-  const int hb = p.causal ? int(blockIdx.x % slow) : int(blockIdx.x / slow);
+  // Deterministic (kDet): key block slowest as well, so that the CTAs running together hold a few
+  // key blocks of many heads, not every key block of one head: the chain of key blocks that add
+  // into one dQ unit in turn (below) stays a few CTAs long.
+  const bool block_slowest = p.causal || kDet;
+  const unsigned slow = block_slowest ? unsigned(heads_batches) : unsigned(n_blocks);
+  const int n_block = block_slowest ? int(blockIdx.x / slow) : int(blockIdx.x % slow);
+  const int hb = block_slowest ? int(blockIdx.x % slow) : int(blockIdx.x / slow);
   const int hkv = hb % p.Hkv, b = hb / p.Hkv;
   const int group = p.H / p.Hkv;
   const int I = p.I, J = p.J, H = p.H;
@@ -159,16 +163,26 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
   for (int i = 0; i < D / 2; ++i) rdK[i] = rdV[i] = 0.f;
   uint32_t rPf[kMT][4], rdSf[kMT][4];
 
+  // Deterministic (kDet): this warpgroup's rows (128-row steps) or columns (64-row steps) of a unit
+  // go in after every lower key block's (dq_semaphore.cuh); named barrier 2 + wg is the
+  // warpgroup's. The count of step it's adds waits until the next flush, when their fence finds
+  // them long done (a fence right after them stalled every step: +36% backward time at d64 causal
+  // n 8192); the next key block then trails this one by a step or two.
+  auto unit_rows0 = [&](int it) { return step_m0(it) + (kSplitRows ? wg * 64 : 0); };
+  auto count_unit = [&](int it) {
+    if (unit_rows0(it) >= I) return;
+    __threadfence();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+    if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, step_h(it), I, unit_rows0(it)));
+  };
   auto flush_dq = [&](int it) {
     const int h = step_h(it), m0 = step_m0(it);
     float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
-    // Deterministic: this warpgroup's rows (128-row steps) or columns (64-row steps) of the unit
-    // after every lower key block's (dq_semaphore.cuh); named barrier 2 + wg is the warpgroup's.
-    const bool ordered = kDet && m0 + (kSplitRows ? wg * 64 : 0) < I;
+    const bool ordered = kDet && unit_rows0(it) < I;
+    if (kDet && it > 0) count_unit(it - 1);
     if (ordered) {
       if (tid % 128 == 0)
-        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, m0 + (kSplitRows ? wg * 64 : 0)),
-                     kSplitRows ? n_block : 2 * n_block);
+        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, unit_rows0(it)), kSplitRows ? n_block : 2 * n_block);
       asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
     }
 #pragma unroll
@@ -179,11 +193,6 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
       for (int i = 0; i < kNQ / 8; ++i)
         atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : wg * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
                     rdQ[4 * i + 2 * e0 + 1] * p.scale);
-    }
-    if (ordered) {
-      __threadfence();
-      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
-      if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, h, I, m0 + (kSplitRows ? wg * 64 : 0)));
     }
   };
   // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row
@@ -326,6 +335,7 @@ __global__ void __launch_bounds__(BwdHopperTile<D, BM>::kThreads, 1) bwd_hopper_
     wgmma_wait<0>();
     fence_regs(rdQ);
     flush_dq(last);
+    if (kDet) count_unit(last);
   }
   cp_async_wait<0>();
 
