@@ -15,24 +15,13 @@
 #include "model/checkpoint.h"
 #include "model/checkpoint_weights.h"
 #include "model/gpt.h"
+#include "tests/model_test_util.h"
 
 namespace fs = std::filesystem;
 using flashcos::model::GPT;
 using flashcos::model::ModelConfig;
 
 namespace {
-
-ModelConfig small_config(const std::string& pos) {
-  ModelConfig c;
-  c.dim = 32;
-  c.depth = 2;
-  c.heads = 2;
-  c.dim_head = 16;
-  c.max_seq_len = 64;
-  c.attention_impl = "plain";
-  c.pos = pos;
-  return c;
-}
 
 class CheckpointWeights : public ::testing::Test {
  protected:
@@ -75,8 +64,8 @@ class CheckpointWeights : public ::testing::Test {
 TEST_F(CheckpointWeights, SameModelAsTheFullReadForEveryLayout) {
   for (const std::string pos : {"rope", "learned", "none"}) {
     for (bool with_optimizer : {true, false}) {
-      GPT saved(small_config(pos));
-      const auto path = save(small_config(pos), with_optimizer, &saved);
+      GPT saved(flashcos::test::small_ctx64(pos));
+      const auto path = save(flashcos::test::small_ctx64(pos), with_optimizer, &saved);
       flashcos::model::CheckpointMeta fast_meta, full_meta;
       GPT fast = load(path, false, &fast_meta);
       GPT full = load(path, true, &full_meta);
@@ -98,7 +87,7 @@ TEST_F(CheckpointWeights, SameModelAsTheFullReadForEveryLayout) {
 
 // Only the model's bytes are read: Adam's two moments per parameter stay in the file.
 TEST_F(CheckpointWeights, ReadsTheWeightsNotTheOptimiserState) {
-  const auto cfg = small_config("rope");
+  const auto cfg = flashcos::test::small_ctx64("rope");
   const auto path = save(cfg, true);
   GPT model(cfg, /*initialise=*/false);
   flashcos::model::WeightsReader reader(path);
@@ -111,7 +100,7 @@ TEST_F(CheckpointWeights, ReadsTheWeightsNotTheOptimiserState) {
 
 // A damaged or foreign file gives the full read's error; a checkpoint of another shape does too.
 TEST_F(CheckpointWeights, DamagedFilesGiveTheFullReadsErrors) {
-  const auto good = save(small_config("rope"), true);
+  const auto good = save(flashcos::test::small_ctx64("rope"), true);
   std::ifstream in(good, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), {});
   std::ofstream(str("cut.pt"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
@@ -132,7 +121,7 @@ TEST_F(CheckpointWeights, DamagedFilesGiveTheFullReadsErrors) {
   }
   EXPECT_NE(error_of(str("cut.pt"), false).find("corrupt"), std::string::npos);
   // The reader itself refuses a model whose shape is not the file's.
-  auto other = small_config("rope");
+  auto other = flashcos::test::small_ctx64("rope");
   other.dim = 48;
   GPT wrong(other, false);
   flashcos::model::WeightsReader reader(good);

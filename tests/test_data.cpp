@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "data/corpus.h"
+#include "tests/corpus_files_util.h"
 
 namespace fd = flashcos::data;
 
@@ -36,52 +37,7 @@ std::vector<uint8_t> pattern(int64_t n, int64_t offset = 0) {
 }
 
 // A fresh temp directory per test, removed with its files afterwards.
-class DataTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "flashcos_data_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    ASSERT_NE(mkdtemp(buf.data()), nullptr);
-    dir_ = buf.data();
-  }
-  void TearDown() override {
-    for (const auto& f : files_) std::remove(f.c_str());
-    chmod(dir_.c_str(), 0700);
-    rmdir(dir_.c_str());
-  }
-  std::string path(const std::string& name) {
-    files_.push_back(dir_ + "/" + name);
-    return files_.back();
-  }
-  std::string write_raw(const std::string& name, const std::vector<uint8_t>& bytes) {
-    std::string p = path(name);
-    std::ofstream f(p, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    return p;
-  }
-  // Written with zlib's own gzip writer; mode "ab" appends a second gzip member.
-  std::string write_gz(const std::string& name, const std::vector<uint8_t>& bytes, const char* mode = "wb9") {
-    std::string p = dir_ + "/" + name;
-    if (std::string(mode) != "ab") files_.push_back(p);
-    gzFile g = gzopen(p.c_str(), mode);
-    EXPECT_NE(g, nullptr);
-    size_t off = 0;
-    while (off < bytes.size()) {  // several calls, as a real writer would
-      unsigned n = static_cast<unsigned>(std::min<size_t>(bytes.size() - off, 1 << 16));
-      EXPECT_EQ(gzwrite(g, bytes.data() + off, n), int(n));
-      off += n;
-    }
-    EXPECT_EQ(gzclose(g), Z_OK);
-    return p;
-  }
-  static std::vector<uint8_t> read_all(const std::string& p) {
-    std::ifstream f(p, std::ios::binary);
-    return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-  }
-  std::string dir_;
-  std::vector<std::string> files_;
-};
+class DataTest : public flashcos::test::CorpusFilesTest {};
 
 fd::SplitSpec sizes(int64_t a, int64_t b, int64_t c) {
   fd::SplitSpec s;

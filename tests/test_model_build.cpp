@@ -8,31 +8,15 @@
 #include <string>
 
 #include "model/gpt.h"
+#include "tests/model_test_util.h"
 
 using flashcos::model::GPT;
-using flashcos::model::ModelConfig;
-
-namespace {
-
-ModelConfig small_config(const std::string& pos) {
-  ModelConfig c;
-  c.dim = 32;
-  c.depth = 2;
-  c.heads = 2;
-  c.dim_head = 16;
-  c.max_seq_len = 64;
-  c.pos = pos;
-  c.attention_impl = "plain";
-  return c;
-}
-
-}  // namespace
 
 TEST(ModelBuild, UninitialisedModelHasTheSameLayoutAndComputesTheSame) {
   for (const std::string pos : {"rope", "learned"}) {
     torch::manual_seed(3);
-    GPT a(small_config(pos), /*initialise=*/true);
-    GPT b(small_config(pos), /*initialise=*/false);
+    GPT a(flashcos::test::small_ctx64(pos), /*initialise=*/true);
+    GPT b(flashcos::test::small_ctx64(pos), /*initialise=*/false);
     const auto pa = a->named_parameters(), pb = b->named_parameters();
     ASSERT_EQ(pa.size(), pb.size()) << pos;
     for (const auto& p : pa) {
@@ -52,7 +36,7 @@ TEST(ModelBuild, UninitialisedModelHasTheSameLayoutAndComputesTheSame) {
 
 TEST(ModelBuild, SetAttentionImplSwitchesEveryBlockAndValidates) {
   torch::manual_seed(4);
-  GPT model(small_config("rope"));
+  GPT model(flashcos::test::small_ctx64("rope"));
   model->eval();
   const auto tokens = torch::randint(256, {1, 17}, torch::kLong);
   torch::NoGradGuard no_grad;

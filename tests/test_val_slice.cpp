@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "data/corpus.h"
+#include "tests/corpus_files_util.h"
 #include "data/gzip_scan.h"
 
 namespace fd = flashcos::data;
@@ -63,50 +64,9 @@ std::string error_of(F&& f) {
   return "";
 }
 
-class ValSliceTest : public ::testing::Test {
+class ValSliceTest : public flashcos::test::CorpusFilesTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "flashcos_valslice_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    ASSERT_NE(mkdtemp(buf.data()), nullptr);
-    dir_ = buf.data();
-  }
-  void TearDown() override {
-    for (const auto& f : files_) std::remove(f.c_str());
-    rmdir(dir_.c_str());
-  }
-  std::string path(const std::string& name) {
-    files_.push_back(dir_ + "/" + name);
-    return files_.back();
-  }
-  std::string write_raw(const std::string& name, const std::vector<uint8_t>& bytes) {
-    const std::string p = path(name);
-    std::ofstream f(p, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    return p;
-  }
-  // zlib's gzip writer; "ab" appends a second member to an existing file.
-  std::string write_gz(const std::string& name, const std::vector<uint8_t>& bytes, const char* mode = "wb1") {
-    const std::string p = dir_ + "/" + name;
-    if (std::string(mode) != "ab") files_.push_back(p);
-    gzFile g = gzopen(p.c_str(), mode);
-    EXPECT_NE(g, nullptr);
-    size_t off = 0;
-    while (off < bytes.size()) {
-      const unsigned n = static_cast<unsigned>(std::min<size_t>(bytes.size() - off, 1 << 20));
-      EXPECT_EQ(gzwrite(g, bytes.data() + off, n), int(n));
-      off += n;
-    }
-    EXPECT_EQ(gzclose(g), Z_OK);
-    return p;
-  }
-  static std::vector<uint8_t> read_all(const std::string& p) {
-    std::ifstream f(p, std::ios::binary);
-    return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-  }
-  std::string dir_;
-  std::vector<std::string> files_;
+  ValSliceTest() { gz_mode_ = "wb1"; }  // large files: fast compression
 };
 
 }  // namespace

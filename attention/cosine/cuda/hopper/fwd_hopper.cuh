@@ -22,6 +22,7 @@
 
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
+#include "attention/cosine/cuda/hopper/fwd_epilogue.cuh"
 #include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
 
@@ -166,30 +167,12 @@ __global__ void __launch_bounds__(FwdHopperTile<D>::kThreads, 1) fwd_hopper_kern
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(rO);
-#pragma unroll
-    for (int kk = 0; kk < kPT; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rP[kk][e])::"memory");
+    hold_frags(rP);
   }
 
-  // O / l, written straight from the accumulators (pairs of elements).
-#pragma unroll
-  for (int e0 = 0; e0 < 2; ++e0) {
-    const float l = rO[4 * (D / 8) + 2 * e0];
-    float lt = rLt[e0];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const int r = row0 + 8 * e0;
-    if (r >= I) continue;
-    const float inv = p.exp_kind ? 1.f : (l > 0.f ? 1.f / l : 0.f);
-    T* gO = static_cast<T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(r) * p.o_i_stride;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
-          pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
-    if (t == 0 && p.l != nullptr)
-      static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * I + r] = lt * exp2f(-kFwdShiftLog2<T>);
-  }
+  // O / l (l from the ones columns), and l for the backward.
+  const float l[2] = {rO[4 * (D / 8)], rO[4 * (D / 8) + 2]};
+  store_fwd_rows<T, D>(p, rO, l, rLt, b, h, row0, t);
 #endif
 }
 

@@ -29,6 +29,7 @@
 
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
+#include "attention/cosine/cuda/hopper/fwd_epilogue.cuh"
 #include "attention/cosine/cuda/hopper/tma.cuh"
 #include "attention/cosine/cuda/hopper/tma_map.h"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
@@ -288,10 +289,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
         exp_block(rS, j);
         wgmma_wait<0>();  // P_{j-1} V_{j-1}
         fence_regs(rO);
-#pragma unroll
-        for (int kk = 0; kk < kPT; ++kk)  // P_{j-1} stays in its registers until its wgmma completed
-#pragma unroll
-          for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rP[kk][e])::"memory");
+        hold_frags(rP);  // P_{j-1} stays in its registers until its wgmma completed
         release(prev);
         pack_p(rP, rS);
       }
@@ -302,10 +300,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
       token_pass(true);
       wgmma_wait<0>();
       fence_regs(rO);
-#pragma unroll
-      for (int kk = 0; kk < kPT; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rP[kk][e])::"memory");
+      hold_frags(rP);
       release((n_blocks - 1) % kStages);
     } else {
       for (int j = 0; j < n_blocks; ++j) {
@@ -325,37 +320,23 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(rO);
-#pragma unroll
-        for (int kk = 0; kk < kPT; ++kk)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rP[kk][e])::"memory");
+        hold_frags(rP);
         release(stage);
       }
     }
   }
 
-  // O / l, written straight from the accumulators (pairs of elements).
+  // O / l, and l for the backward.
+  float l[2];
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
-    float lt = rLt[e0];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    float l = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : rLr[e0];
+    l[e0] = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : rLr[e0];
     if constexpr (!Tile::kOnesSum) {
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 1);
+      l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 2);
     }
-    const int r = row0 + 8 * e0;
-    if (r >= I) continue;
-    const float inv = p.exp_kind ? 1.f : (l > 0.f ? 1.f / l : 0.f);
-    T* gO = static_cast<T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(r) * p.o_i_stride;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
-          pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
-    if (t == 0 && p.l != nullptr)
-      static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * I + r] = lt * exp2f(-kFwdShiftLog2<T>);
   }
+  store_fwd_rows<T, D>(p, rO, l, rLt, b, h, row0, t);
 #endif
 }
 

@@ -1,0 +1,44 @@
+// The Hopper forwards' epilogue (fwd_hopper.cuh, fwd_hopper_ws.cuh): a thread's two rows of O / l,
+// written in pairs straight from the wgmma accumulators (layout: wgmma.cuh), and the row sums the
+// backward needs.
+//   o_r = O_r / l_r  (l_r = the row sum of the 16-bit P; 0 for an empty row; 1 for the exp kind)
+//   l (saved) = the fp32 sum of the unrounded P of the row, without the fp16 kernels' 2^15 shift
+#pragma once
+
+#include "attention/cosine/cuda/fwd_kernel.cuh"
+
+namespace flashcos::cuda::hopper {
+
+// Keeps the compiler from reusing A-fragment registers that an asynchronous wgmma may still read.
+template <int K>
+__device__ __forceinline__ void hold_frags(uint32_t (&frag)[K][4]) {
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[kk][e])::"memory");
+}
+
+// Rows row0 and row0 + 8 of head (b, h): l[e0] is row e0's normaliser, rLt[e0] this thread's part of
+// its unrounded sum (the four threads of a quad hold a row's columns; summed here).
+template <typename T, int D, int kRegs>
+__device__ __forceinline__ void store_fwd_rows(const FwdParams& p, const float (&rO)[kRegs], const float (&l)[2],
+                                               const float (&rLt)[2], int b, int h, int row0, int t) {
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    float lt = rLt[e0];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const int r = row0 + 8 * e0;
+    if (r >= p.I) continue;
+    const float inv = p.exp_kind ? 1.f : (l[e0] > 0.f ? 1.f / l[e0] : 0.f);
+    T* gO = static_cast<T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(r) * p.o_i_stride;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
+          pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
+    if (t == 0 && p.l != nullptr)
+      static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * p.I + r] = lt * exp2f(-kFwdShiftLog2<T>);
+  }
+}
+
+}  // namespace flashcos::cuda::hopper
