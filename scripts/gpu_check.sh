@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [determinism]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -17,8 +17,12 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
+# fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=cp, ws, ws-overlap: the cp.async
+# kernel, the warp-specialised one without and with its overlapped schedule), forward only, bf16
+# d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
+# determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
 # quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, seed, cosine, learned, fp16,
-# bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint.
+# bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint (2048-raw: from the corpus unpacked, as data/enwik8 is).
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
 # unfused-8192 fused-1024 ddp1-8192).
 # tests: TESTS_FILTER (a gtest filter for the one-process run), TESTS_CTEST=0 skips the ./train-process
@@ -169,10 +173,13 @@ if has sample; then
   ck=$(ls -td "$CK"/q-* 2>/dev/null | head -1)
   t0=$(date +%s.%N); "$TRAIN" --help > /dev/null 2>&1
   row "process start + exit (--help)" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}') s wall"
-  for s in ${SAMPLE_RUNS:-1 2048 2048-again 16384 2048-torch-ops 2048-no-graph}; do
+  for s in ${SAMPLE_RUNS:-1 2048 2048-again 2048-raw 16384 2048-torch-ops 2048-no-graph}; do
     case $s in
       2048-torch-ops) sample_run $s 2048 FLASHCOS_DECODE_KERNEL=0 ;;
       2048-no-graph) sample_run $s 2048 FLASHCOS_DECODE_GRAPH=0 ;;
+      2048-raw)  # the corpus unpacked (what data/enwik8 is): no inflating to reach the prime
+        raw=$(mktemp); gunzip -c "$DATA" > "$raw" 2>/dev/null || cp "$DATA" "$raw"
+        DATA_SAVED=$DATA; DATA=$raw; sample_run $s 2048; DATA=$DATA_SAVED; rm -f "$raw" ;;
       *) sample_run $s "${s%%-*}" ;;
     esac
   done
@@ -247,12 +254,38 @@ if has hopper; then
   done
 fi
 
+if has fwdkinds; then
+  for kind in ws ws-overlap; do
+    FLASHCOS_HOPPER_FWD=$kind "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*' \
+        > "$LOG/grid_fwd_$kind.log" 2>&1
+    row "grid FLASHCOS_HOPPER_FWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind.log")"
+  done
+  for c in "" "--causal"; do
+    for kind in cp ws ws-overlap; do
+      FLASHCOS_HOPPER_FWD=$kind "$TRAIN" bench $c --impls fused --only-forwards --dtype bf16 --dim-head 64,128 \
+          --seq-lens 8192 --batch 4 --heads 8 --rounds 2 > "$LOG/fwdkind_${kind}${c}.log" 2>&1
+      row "fwd $kind ${c:-full} (d64, d128 TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/fwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
+    done
+  done
+fi
+
+if has determinism; then
+  for c in "" "--causal"; do
+    for det in "" "--deterministic"; do
+      "$TRAIN" bench $c $det --impls fused --only-backwards --dtype bf16 --dim-head 64,128 --seq-lens 8192 \
+          --batch 4 --heads 8 --rounds 2 > "$LOG/bwd${det}${c}.log" 2>&1
+      row "bwd ${c:-full} ${det:-default} (d64, d128 ms)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/bwd${det}${c}.log" | awk '{print $3}' | tr '\n' ' ')"
+    done
+  done
+fi
+
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over SANITIZE_FILTER (a gtest filter;
-# default: the trainer's fused operators, the one-row decode linear and the l2norm kernels; the graph
+# default: the trainer's fused operators, the one-row decode linear, the l2norm kernels, the Hopper
+# forward (d64, d128) and the deterministic backward on one case each; the graph
 # decode and decode-step suites take minutes under the sanitizer, name them to include them;
 # SANITIZE_TIMEOUT seconds per tool, default 200).
 if has sanitize; then
-  filter=${SANITIZE_FILTER:-'Cases/AddLayerNormCuda.*:Cases/BiasGeluCuda.*:*ClassifierCrossEntropyCuda*:DecodeLinear.*:Gpu/L2NormCuda.*'}
+  filter=${SANITIZE_FILTER:-'Cases/AddLayerNormCuda.*:Cases/BiasGeluCuda.*:*ClassifierCrossEntropyCuda*:DecodeLinear.*:Gpu/L2NormCuda.*:*FusedAttention*d64_causal_1000*:*FusedAttention*d128_groups2_causal*:*DeterministicBackward*hopper_bf16_d128_full*'}
   for tool in memcheck racecheck synccheck; do
     timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/flashcos_tests" --gtest_filter="$filter" \
         > "$LOG/sanitize_$tool.log" 2>&1
