@@ -73,6 +73,12 @@ model::TrainConfig resolve_resume(const model::TrainConfig& cli, const cxxopts::
                 meta.model.attention_impl + " (same weights)");
     }
   }
+  // The deterministic backward is a run-time choice like the implementation: --deterministic turns it
+  // on for a run saved without it (a run saved with it keeps it).
+  if (r.count("deterministic") && !c.model.deterministic) {
+    c.model.deterministic = true;
+    log::info("resume: --deterministic overrides the checkpoint's default backward (same weights)");
+  }
   return c;
 }
 

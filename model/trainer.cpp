@@ -171,9 +171,13 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   if (!cfg.resume.empty()) {
     resume_path = resolve_checkpoint_path(cfg.resume);
     meta = read_checkpoint_meta(resume_path);
-    const std::string impl = cfg.model.attention_impl;  // the only model field a resume may change
+    // The run-time fields a resume may change (app/train.cpp resolve_resume): the implementation
+    // and the deterministic backward.
+    const std::string impl = cfg.model.attention_impl;
+    const bool deterministic = cfg.model.deterministic;
     cfg.model = meta.model;
     cfg.model.attention_impl = impl;
+    cfg.model.deterministic = deterministic;
     if (cfg.run.empty()) {  // continue in the checkpoint's own run folder
       const fs::path folder = fs::path(resume_path).parent_path();
       cfg.run = folder.filename().string();

@@ -81,4 +81,17 @@ TEST(ResumeCli, OverridesArePrintedAndModelShapeChangesRefused) {
   EXPECT_EQ(cfg["train"]["seq_len"], 24);  // restored, not the default 1024
 }
 
+// --deterministic is a run-time choice: recorded in config.json, and turned on by a resume.
+TEST(ResumeCli, DeterministicIsRecordedAndTurnedOnByAResume) {
+  TempRun t;
+  RunResult first = run_train(t.tiny("--steps 2 --save-every 2 --run det"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_EQ(read_json_file(t.run_dir("det") + "/config.json")["model"]["deterministic"], false);
+  RunResult resumed = run_train("--resume " + quote(t.run_dir("det")) + " --steps 3 --deterministic");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("--deterministic overrides the checkpoint's default backward"), std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(read_json_file(t.run_dir("det") + "/config.json")["model"]["deterministic"], true);
+}
+
 }  // namespace
