@@ -137,6 +137,24 @@ TEST(BenchCli, RoundsKeepOneResultPerImplementationAndLength) {
   EXPECT_EQ(seen, (std::set<std::string>{"plain/1", "plain/63", "tiled/1", "tiled/63"}));
 }
 
+TEST(BenchCli, BiasRunsOursWithItsGradientAndSdpaWithTheMask) {
+  for (const char* bias : {"head", "batch"}) {
+    const std::string json = temp_path(std::string("bench_bias_") + bias);
+    const RunResult r = run_train(std::string(kSmall) + " --causal --mask-prob 0.25 --bias " + bias +
+                                  " --impls plain,tiled,sdpa-math --json " + json);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string(", bias ") + bias), std::string::npos) << r.output;
+    const nlohmann::json doc = read_json(json);
+    std::remove(json.c_str());
+    EXPECT_EQ(doc["config"]["bias"], bias);
+    ASSERT_EQ(doc["results"].size(), 18u) << doc.dump(2);  // 3 impls x 2 lengths x 3 passes
+    for (const auto& rec : doc["results"]) {
+      EXPECT_EQ(rec["status"], "ok") << rec.dump();
+      EXPECT_EQ(rec["bias"], bias);
+    }
+  }
+}
+
 TEST(BenchCli, ExpKindRunsOursAndMarksSdpaNotApplicable) {
   const RunResult r = run_train(std::string(kSmall) +
                                 " --only-backwards --attention exp --impls plain,tiled,sdpa-math");
@@ -148,7 +166,7 @@ TEST(BenchCli, HelpListsTheOptions) {
   const RunResult r = run_train("bench --help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (const char* opt :
-       {"--causal", "--mask-prob", "--only-forwards", "--only-backwards", "--dtype", "--batch",
+       {"--causal", "--mask-prob", "--bias", "--only-forwards", "--only-backwards", "--dtype", "--batch",
         "--heads", "--dim-head", "--seq-lens", "--json", "--impls", "--device"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt << "\n" << r.output;
   }
@@ -173,6 +191,7 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("--batch -1", "--batch");
   expect_rejected("--no-such-option", "no-such-option");
   expect_rejected("--mask-prob 1.5", "--mask-prob");
+  expect_rejected("--bias rows", "--bias");
   expect_rejected("--only-forwards --only-backwards", "--only-backwards");
   expect_rejected("--impls plain,flash3", "--impls");
   expect_rejected("--attention softmax", "--attention");

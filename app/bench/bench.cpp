@@ -7,7 +7,9 @@
 // memory. FLOPs: fwd 4*B*H*I*J*D (halved for causal), bwd 2.5x fwd, fwd+bwd 3.5x fwd; masked keys
 // are not subtracted. --json FILE writes every number, one record per implementation x config.
 //
-// Implementations (same q, k, v, mask and output gradient for each):
+// --bias head|batch adds a float32 (H, N, N) / (B, N, N) attention bias with its gradient to ours;
+// SDPA gets it as a float attn_mask (with -inf for masked keys and the causal part), without one.
+// Implementations (same q, k, v, mask, bias and output gradient for each):
 //   plain           flashcos::plain_cosine_sim_attention: the full (I, J) matrix (the baseline)
 //   tiled           Backend::kTiled: chunked libtorch ops
 //   fused           Backend::kFused: our CUDA kernel (CUDA builds, CUDA device)
@@ -63,8 +65,8 @@ int run(const BenchConfig& cfg) {
 
   const std::string device = device_name(cfg);
   std::printf("device: %s   libtorch %s   %s\n", device.c_str(), TORCH_VERSION, utc_now().c_str());
-  std::printf("attention: %s   causal: %s   mask-prob: %g   scale: %g   l2norm: %s\n",
-              cfg.attention.c_str(), cfg.causal ? "yes" : "no", cfg.mask_prob, cfg.scale,
+  std::printf("attention: %s   causal: %s   mask-prob: %g   bias: %s   scale: %g   l2norm: %s\n",
+              cfg.attention.c_str(), cfg.causal ? "yes" : "no", cfg.mask_prob, cfg.bias.c_str(), cfg.scale,
               cfg.include_l2norm ? "timed" : "outside the timing");
   std::printf("implementations: %s   warmup: %d   iters: %d (median; fewer past %gs)   rounds: %d\n",
               impl_list.c_str(), cfg.warmup, cfg.iters, cfg.budget_s, cfg.rounds);
@@ -91,6 +93,7 @@ int run(const BenchConfig& cfg) {
   doc["config"] = {{"attention", cfg.attention},
                    {"causal", cfg.causal},
                    {"mask_prob", cfg.mask_prob},
+                   {"bias", cfg.bias},
                    {"scale", cfg.scale},
                    {"include_l2norm", cfg.include_l2norm},
                    {"deterministic", cfg.deterministic},
@@ -135,9 +138,12 @@ int run(const BenchConfig& cfg) {
             const std::string second = fm ? "fastmax-chunked" : "tiled";
             kernel_name = has_impl(impls, first) ? first + ", else " + second : second;
           }
-          char mask_note[48] = "";
+          char mask_note[96] = "";
           if (cfg.mask_prob > 0)
             std::snprintf(mask_note, sizeof mask_note, ", mask-prob %g", cfg.mask_prob);
+          if (cfg.bias != "none")
+            std::snprintf(mask_note + std::strlen(mask_note), sizeof mask_note - std::strlen(mask_note), ", bias %s",
+                          cfg.bias.c_str());
           if (cfg.deterministic && pass != Pass::kFwd)
             std::snprintf(mask_note + std::strlen(mask_note), sizeof mask_note - std::strlen(mask_note),
                           ", deterministic");

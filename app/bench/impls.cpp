@@ -9,7 +9,9 @@
 #include <ATen/SDPBackend.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
+#include <vector>
 
 namespace flashcos::app::bench {
 namespace {
@@ -55,10 +57,12 @@ std::vector<Impl> make_impls(const BenchConfig& cfg) {
                         .l2norm_qk(cfg.include_l2norm && !exp_kind)
                         .deterministic(cfg.deterministic)
                         .kind(exp_kind ? AttentionKind::kExp : AttentionKind::kCosine);
-  const auto ours = [base](Backend backend) -> AttentionFn {
-    return [base, backend](const Inputs& in) {
+  const bool bias_batch = cfg.bias == "batch";
+  const auto ours = [base, bias_batch](Backend backend) -> AttentionFn {
+    return [base, backend, bias_batch](const Inputs& in) {
       auto options = base;
       options.mask(in.mask);
+      if (in.bias.defined()) options.attn_bias(in.bias).attn_bias_batch_dim(bias_batch);
       if (backend == Backend::kPlain) {
         return plain_cosine_sim_attention(in.q, in.k, in.v, options);
       }
@@ -117,10 +121,10 @@ std::vector<Impl> make_impls(const BenchConfig& cfg) {
   all.push_back({"fastmax-cuda", fastmax(FastmaxBackend::kCuda), fastmax_cuda_missing});
   all.push_back({"fastmax-chunked", fastmax(FastmaxBackend::kChunked), not_fastmax});
   all.push_back({"fastmax-ref", fastmax(FastmaxBackend::kReference), not_fastmax});
-  if (fastmax_kind && cfg.mask_prob > 0) {
+  if (fastmax_kind && (cfg.mask_prob > 0 || cfg.bias != "none")) {
     for (auto& impl : all) {
       if (impl.name.rfind("fastmax-", 0) == 0 && impl.unavailable.empty()) {
-        impl.unavailable = "fastmax has no key mask (--mask-prob)";
+        impl.unavailable = cfg.mask_prob > 0 ? "fastmax has no key mask (--mask-prob)" : "fastmax has no bias (--bias)";
       }
     }
   }
@@ -162,9 +166,13 @@ Inputs make_inputs(const BenchConfig& cfg, const DtypeSpec& dtype, int64_t dim_h
   in.k = k.detach().requires_grad_(true);
   in.v = at::randn({cfg.batch, cfg.heads, n, dim_head}, opts).requires_grad_(true);
   in.dout = at::randn({cfg.batch, cfg.heads, n, dim_head}, opts);
+  if (cfg.bias != "none") {
+    const int64_t lead = cfg.bias == "batch" ? cfg.batch : cfg.heads;
+    in.bias = (0.5 * at::randn({lead, n, n}, at::TensorOptions().dtype(at::kFloat).device(device))).requires_grad_(true);
+  }
   if (cfg.mask_prob > 0.0) {
     in.mask = at::rand({cfg.batch, n}, at::TensorOptions().device(device)).ge(cfg.mask_prob);
-    if (need_sdpa_mask) {
+    if (need_sdpa_mask && !in.bias.defined()) {
       at::Tensor m = in.mask.view({cfg.batch, 1, 1, n});
       if (cfg.causal) {
         m = m.logical_and(at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device))
@@ -173,6 +181,18 @@ Inputs make_inputs(const BenchConfig& cfg, const DtypeSpec& dtype, int64_t dim_h
       }
       in.sdpa_mask = m.contiguous();
     }
+  }
+  if (need_sdpa_mask && in.bias.defined()) {
+    // SDPA's float attn_mask is added to the logits: the bias, -inf for masked keys and above the
+    // causal diagonal, in q's dtype (what SDPA expects).
+    at::Tensor m = in.bias.detach().view(cfg.bias == "batch" ? std::vector<int64_t>{cfg.batch, 1, n, n}
+                                                             : std::vector<int64_t>{1, cfg.heads, n, n});
+    const double neg_inf = -std::numeric_limits<double>::infinity();
+    if (in.mask.defined()) m = m.masked_fill(in.mask.logical_not().view({cfg.batch, 1, 1, n}), neg_inf);
+    if (cfg.causal) {
+      m = m.masked_fill(at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1), neg_inf);
+    }
+    in.sdpa_mask = m.to(dtype.type).contiguous();
   }
   return in;
 }

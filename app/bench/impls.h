@@ -18,7 +18,9 @@ struct Inputs {
   at::Tensor q, k, v;    // (B, H, N, D), leaves that require grad
   at::Tensor dout;       // (B, H, N, D) output gradient
   at::Tensor mask;       // (B, N) bool, true = attend; undefined without --mask-prob
-  at::Tensor sdpa_mask;  // mask (and causal) as SDPA's attn_mask: (B, 1, 1|N, N) bool
+  at::Tensor sdpa_mask;  // mask (and causal) as SDPA's attn_mask: (B, 1, 1|N, N) bool; with --bias
+                         // the bias with -inf where masked, float: (1|B, H|1, N, N)
+  at::Tensor bias;       // --bias: (H, N, N) or (B, N, N) float32, requires grad; else undefined
 };
 
 using AttentionFn = std::function<at::Tensor(const Inputs&)>;
@@ -34,7 +36,7 @@ struct Impl {
 std::vector<Impl> make_impls(const BenchConfig& cfg);
 
 // Fresh random inputs (seeded by --seed) of one configuration on the bench's device.
-// need_sdpa_mask: also build sdpa_mask from the key mask (and causal).
+// need_sdpa_mask: also build sdpa_mask from the key mask (and causal) and the bias.
 Inputs make_inputs(const BenchConfig& cfg, const DtypeSpec& dtype, int64_t dim_head, int64_t n,
                    bool need_sdpa_mask);
 

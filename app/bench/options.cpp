@@ -155,6 +155,8 @@ cxxopts::Options make_options() {
                     "implementations run beside it for comparison)", text("cosine"))
       ("causal", "causal (autoregressive) attention")
       ("mask-prob", "probability that a key is masked out (key mask (B, J)), in [0, 1)", text("0"))
+      ("bias", "an additive float32 attention bias with its gradient: none | head ((H, N, N)) | batch ((B, N, N)); "
+               "SDPA gets the same bias as attn_mask, without a gradient", text("none"))
       ("scale", "attention scale", text("10"))
       ("include-l2norm", "time the l2 normalisation of q and k too (default: outside the timing)")
       ("deterministic", "our fused backward in its deterministic mode (bit-identical gradients; dq added in a fixed order)")
@@ -246,6 +248,10 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   }
   cfg.scale = parse_double("scale", r["scale"].as<std::string>());
   cfg.include_l2norm = r["include-l2norm"].as<bool>();
+  cfg.bias = r["bias"].as<std::string>();
+  if (cfg.bias != "none" && cfg.bias != "head" && cfg.bias != "batch") {
+    throw UsageError("--bias " + cfg.bias + ": expected none, head or batch");
+  }
   cfg.deterministic = r["deterministic"].as<bool>();
 
   const bool only_fwd = r["only-forwards"].as<bool>();

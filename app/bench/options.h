@@ -33,6 +33,7 @@ const std::vector<std::string>& all_impl_names();
 struct BenchConfig {
   bool causal = false;
   double mask_prob = 0.0;
+  std::string bias = "none";  // none | head (H, N, N) | batch (B, N, N): an additive float32 attention bias
   std::vector<Pass> passes;
   std::vector<DtypeSpec> dtypes;
   int64_t batch = 4;

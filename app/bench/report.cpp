@@ -172,6 +172,7 @@ nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const Dty
   r["seq_len"] = n;
   r["causal"] = cfg.causal;
   r["mask_prob"] = cfg.mask_prob;
+  r["bias"] = cfg.bias;
   r["status"] = m.status;
   const double flops = pass_flops(cfg, dim_head, n, pass);
   r["flops"] = flops;
