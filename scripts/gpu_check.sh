@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [determinism]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [determinism] [coverage]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -21,6 +21,8 @@
 # kernel, the warp-specialised one without and with its overlapped schedule), forward only, bf16
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
 # determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
+# coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
+# (--mask-prob 0.1), a head bias with its gradient (--bias head), bf16 n 8192 causal.
 # quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, seed, cosine, learned, fp16,
 # bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint (2048-raw: from the corpus unpacked, as data/enwik8 is).
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
@@ -276,6 +278,19 @@ if has determinism; then
           --batch 4 --heads 8 --rounds 2 > "$LOG/bwd${det}${c}.log" 2>&1
       row "bwd ${c:-full} ${det:-default} (d64, d128 ms)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/bwd${det}${c}.log" | awk '{print $3}' | tr '\n' ' ')"
     done
+  done
+fi
+
+if has coverage; then
+  for cfgname in d96 mask bias; do
+    case $cfgname in
+      d96) extra="--dim-head 96" ;;
+      mask) extra="--dim-head 64,128 --mask-prob 0.1" ;;
+      bias) extra="--dim-head 64,128 --bias head" ;;
+    esac
+    "$TRAIN" bench --causal --dtype bf16 --seq-lens 8192 --batch 4 --heads 8 --rounds 2 $extra \
+        --impls fused,sdpa-flash,sdpa-cudnn > "$LOG/coverage_$cfgname.log" 2>&1
+    row "coverage $cfgname" "rc $? (see coverage_$cfgname.log)"
   done
 fi
 
