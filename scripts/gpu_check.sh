@@ -17,8 +17,9 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
-# fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=cp, ws, ws-overlap: the cp.async
-# kernel, the warp-specialised one without and with its overlapped schedule), forward only, bf16
+# fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=cp, ws, ws-overlap, ws-n8: the
+# cp.async kernel, the warp-specialised one without and with its overlapped schedule, and that with
+# d128's row sums from an n8 wgmma), forward only, bf16
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
 # determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
 # coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
@@ -257,13 +258,13 @@ if has hopper; then
 fi
 
 if has fwdkinds; then
-  for kind in ws ws-overlap; do
+  for kind in ws ws-overlap ws-n8; do
     FLASHCOS_HOPPER_FWD=$kind "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*' \
         > "$LOG/grid_fwd_$kind.log" 2>&1
     row "grid FLASHCOS_HOPPER_FWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind.log")"
   done
   for c in "" "--causal"; do
-    for kind in cp ws ws-overlap; do
+    for kind in cp ws ws-overlap ws-n8; do
       FLASHCOS_HOPPER_FWD=$kind "$TRAIN" bench $c --impls fused --only-forwards --dtype bf16 --dim-head 64,128 \
           --seq-lens 8192 --batch 4 --heads 8 --rounds 2 > "$LOG/fwdkind_${kind}${c}.log" 2>&1
       row "fwd $kind ${c:-full} (d64, d128 TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/fwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"

@@ -40,21 +40,29 @@ struct FwdTmaMaps {
   CUtensorMap q, k, v;
 };
 
-template <int D>
+// Where l (the row sums of the 16-bit P) comes from: 8 ones columns of the P V wgmma (d 64), the
+// packed A fragments summed in fp32 (d 128), or an m64n8k16 wgmma per k-step of P V whose B is a
+// 1 KB block of ones, read twice through SBO 0 (d 128, FLASHCOS_HOPPER_FWD=ws-n8: not yet run on a
+// GPU; it would give the packed sum's 16 % back to the tensor cores).
+enum class FwdL { kOnesCols, kPackedSum, kOnesMma };
+
+template <int D, FwdL L = D == 64 ? FwdL::kOnesCols : FwdL::kPackedSum>
 struct FwdWsTile {
   static_assert(D == 64 || D == 128, "the Hopper forward covers head dims 64 and 128");
+  static_assert(D == 64 || L != FwdL::kOnesCols, "d 128 has no shared memory for ones columns beside 3 stages");
   static constexpr int kWG = D == 64 ? 3 : 2;  // consumer warpgroups, 64 query rows each
   static constexpr int kBM = 64 * kWG;
   static constexpr int kBN = 128;
   static constexpr int kStages = D == 64 ? 4 : 3;
-  static constexpr bool kOnesSum = D == 64;  // l from the ones columns (else the fp32 sum of P)
+  static constexpr bool kOnesSum = L == FwdL::kOnesCols;  // l from 8 ones columns of P V
   static constexpr int kThreads = 128 * (kWG + 1);
   static constexpr int kNO = kOnesSum ? D + 8 : D;
   static constexpr int kQBytes = kBM * D * 2;
   static constexpr int kKBytes = kBN * D * 2;
-  static constexpr int kOnesBytes = kOnesSum ? kBN * kSw128Row : 0;  // one block of ones after the ring
+  static constexpr int kOnesBytes = kOnesSum ? kBN * kSw128Row : L == FwdL::kOnesMma ? kSw128Atom : 0;  // after the ring
   static constexpr int kVStride = kKBytes;
   static constexpr int kOnesTotal = kOnesBytes;
+  static constexpr FwdL kDefaultL = D == 64 ? FwdL::kOnesCols : FwdL::kPackedSum;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kWG == 3 ? 160 : 240;
   static constexpr size_t kSmem = size_t(kQBytes) + size_t(kStages) * (kKBytes + kVStride) + kOnesTotal +
@@ -85,11 +93,11 @@ __device__ __forceinline__ void regs_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-template <typename T, int D, bool kOverlap>
-__global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
+template <typename T, int D, bool kOverlap, FwdL L>
+__global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
     fwd_hopper_ws_kernel(const __grid_constant__ FwdTmaMaps maps, const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = FwdWsTile<D>;
+  using Tile = FwdWsTile<D, L>;
   constexpr int kWG = Tile::kWG, kBM = Tile::kBM, kBN = Tile::kBN, kNO = Tile::kNO, kStages = Tile::kStages;
   constexpr int kKT = D / 16;    // k-steps of Q K^T
   constexpr int kPT = kBN / 16;  // k-steps of P V
@@ -103,7 +111,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
   unsigned char* sQ = smem;
   unsigned char* sK = sQ + Tile::kQBytes;                   // kStages x kKBytes
   unsigned char* sV = sK + kStages * Tile::kKBytes;         // kStages x kVStride
-  unsigned char* sOnes = sV + kStages * Tile::kVStride;     // kOnesSum only
+  unsigned char* sOnes = sV + kStages * Tile::kVStride;     // kOnesCols, kOnesMma
   uint64_t* bar_q = reinterpret_cast<uint64_t*>(sOnes + Tile::kOnesTotal);
   uint64_t* bar_full = bar_q + 1;
   uint64_t* bar_empty = bar_full + kStages;
@@ -158,7 +166,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int wg_row0 = m0 + c * 64;
   const int row0 = wg_row0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
-  if constexpr (Tile::kOnesSum) {
+  if constexpr (L != FwdL::kPackedSum) {
     // The block of ones (every byte, so the swizzle does not matter).
     const uint32_t one2 = pack2<T>(1.f, 1.f);
     const uint4 ones = make_uint4(one2, one2, one2, one2);
@@ -173,7 +181,8 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kNO / 2; ++i) rO[i] = 0.f;
   float rLt[2] = {0.f, 0.f};  // fp32 row sums of the unrounded P (this thread's columns)
-  float rLr[2] = {0.f, 0.f};  // !kOnesSum: fp32 row sums of the 16-bit P
+  float rLr[2] = {0.f, 0.f};  // kPackedSum: fp32 row sums of the 16-bit P
+  float rL[4] = {0.f, 0.f, 0.f, 0.f};  // kOnesMma: P [1 x 8] (every column a row sum)
   const float scale_log2 = p.scale * kLog2e;
   const float offset_log2 = p.exp_kind ? 0.f : kFwdShiftLog2<T> - scale_log2;
 
@@ -191,7 +200,15 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
     const uint32_t aVs = aV + stage * Tile::kVStride;
     const uint32_t lbo = Tile::kOnesSum ? aOnes - aVs : uint32_t(kBlock);
 #pragma unroll
-    for (int kk = 0; kk < kPT; ++kk) Wgmma<T, kNO>::template rs<1>(rO, rP[kk], make_desc(aVs + kk * 16 * kSw128Row, lbo, kSw128Atom), 1);
+    for (int kk = 0; kk < kPT; ++kk) {
+      Wgmma<T, kNO>::template rs<1>(rO, rP[kk], make_desc(aVs + kk * 16 * kSw128Row, lbo, kSw128Atom), 1);
+      if constexpr (L == FwdL::kOnesMma) Wgmma<T, 8>::template rs<1>(rL, rP[kk], make_desc(aOnes, 16, 0), 1);
+    }
+  };
+  // rO (and rL) were written by a wgmma that has completed.
+  auto fence_out = [&] {
+    fence_regs(rO);
+    if constexpr (L == FwdL::kOnesMma) fence_regs(rL);
   };
   // P = exp2(logit in log2 units) in place; keys past J, masked keys and keys above the causal
   // diagonal give 0. The key mask: bit 2 q + e of `keep` is this thread's column n0 + 8 q + 2 t + e.
@@ -235,7 +252,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kPT; ++kk) {
       acc_to_frag<T>(rP[kk], rS, kk);
-      if constexpr (!Tile::kOnesSum) {
+      if constexpr (L == FwdL::kPackedSum) {
         rLr[0] += sum_pair<T>(rP[kk][0]) + sum_pair<T>(rP[kk][2]);
         rLr[1] += sum_pair<T>(rP[kk][1]) + sum_pair<T>(rP[kk][3]);
       }
@@ -288,7 +305,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
         fence_regs(rS);
         exp_block(rS, j);
         wgmma_wait<0>();  // P_{j-1} V_{j-1}
-        fence_regs(rO);
+        fence_out();
         hold_frags(rP);  // P_{j-1} stays in its registers until its wgmma completed
         release(prev);
         pack_p(rP, rS);
@@ -299,7 +316,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
       wgmma_commit();
       token_pass(true);
       wgmma_wait<0>();
-      fence_regs(rO);
+      fence_out();
       hold_frags(rP);
       release((n_blocks - 1) % kStages);
     } else {
@@ -319,7 +336,7 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
         issue_pv(rP, stage);
         wgmma_commit();
         wgmma_wait<0>();
-        fence_regs(rO);
+        fence_out();
         hold_frags(rP);
         release(stage);
       }
@@ -330,8 +347,8 @@ __global__ void __launch_bounds__(FwdWsTile<D>::kThreads, 1)
   float l[2];
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
-    l[e0] = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : rLr[e0];
-    if constexpr (!Tile::kOnesSum) {
+    l[e0] = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : L == FwdL::kOnesMma ? rL[2 * e0] : rLr[e0];
+    if constexpr (L == FwdL::kPackedSum) {
       l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 1);
       l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 2);
     }
@@ -346,9 +363,9 @@ namespace flashcos::cuda {
 
 // The warp-specialised forward, or cudaErrorNotSupported where the TMA unit cannot address the
 // inputs (the caller then runs fwd_hopper.cuh's kernel).
-template <typename T, int D, bool kOverlap>
+template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::FwdWsTile<D>::kDefaultL>
 cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
-  using Tile = hopper::FwdWsTile<D>;
+  using Tile = hopper::FwdWsTile<D, L>;
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
   hopper::FwdTmaMaps maps;
   const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
@@ -359,7 +376,7 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
       make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
     return cudaErrorNotSupported;
   }
-  auto kernel = hopper::fwd_hopper_ws_kernel<T, D, kOverlap>;
+  auto kernel = hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L>;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
   if (err != cudaSuccess) return err;
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);

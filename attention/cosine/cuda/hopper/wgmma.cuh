@@ -32,6 +32,12 @@ struct Wgmma;
 #define FLASHCOS_WGMMA_ASM(...) (void)d
 #endif
 
+#define FLASHCOS_WGMMA_REGS_8 "{%0,%1,%2,%3}"
+#define FLASHCOS_WGMMA_OPS_8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define FLASHCOS_WGMMA_SS_P_8 "%6"
+#define FLASHCOS_WGMMA_SS_T_8 ", %4, %5, p, 1, 1, %7, %8;"
+#define FLASHCOS_WGMMA_RS_P_8 "%9"
+#define FLASHCOS_WGMMA_RS_T_8 ", {%4,%5,%6,%7}, %8, p, 1, 1, %10;"
 #define FLASHCOS_WGMMA_REGS_32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define FLASHCOS_WGMMA_OPS_32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define FLASHCOS_WGMMA_SS_P_32 "%18"
@@ -89,6 +95,8 @@ struct Wgmma;
     }                                                                                                   \
   };
 
+FLASHCOS_WGMMA_DEFINE(__nv_bfloat16, "bf16", 8)
+FLASHCOS_WGMMA_DEFINE(__half, "f16", 8)
 FLASHCOS_WGMMA_DEFINE(__nv_bfloat16, "bf16", 32)
 FLASHCOS_WGMMA_DEFINE(__half, "f16", 32)
 FLASHCOS_WGMMA_DEFINE(__nv_bfloat16, "bf16", 64)
