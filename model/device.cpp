@@ -43,6 +43,14 @@ std::string device_description(const c10::Device& device) {
   return device.str();
 }
 
+int current_sm_count() {
+#ifdef FLASHCOS_WITH_CUDA
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+#else
+  return 0;
+#endif
+}
+
 void synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index() < 0 ? 0 : device.index());
 }

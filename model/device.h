@@ -18,6 +18,9 @@ void warm_up(const c10::Device& device);
 // Peak bytes allocated through the CUDA caching allocator since the last reset (0 on CPU).
 double peak_memory_gib(const c10::Device& device);
 void reset_peak_memory(const c10::Device& device);
+// Streaming multiprocessors of the current CUDA device (what the fused kernels size their grids by);
+// 0 in a build without CUDA.
+int current_sm_count();
 // Why the fused CUDA attention kernels cannot run on `device` in this build ("" when they can).
 std::string fused_attention_unavailable(const c10::Device& device);
 

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,14 @@ inline flashcos::cuda::DType kernel_dtype(at::ScalarType t, const char* who) {
       throw std::invalid_argument(std::string(who) + ": expected float32, bfloat16 or float16 tensors, got " +
                                   c10::toString(t));
   }
+}
+
+// The type the ops' libtorch path computes in: float64 if any input is, else float32.
+inline at::ScalarType op_compute_type(std::initializer_list<at::ScalarType> types) {
+  for (auto t : types) {
+    if (t == at::kDouble) return at::kDouble;
+  }
+  return at::kFloat;
 }
 
 inline bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }

@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "model/decode/cuda/decode_attention.h"
+#include "model/device.h"
 #include "model/kernel_tensors.h"
 #endif
 
@@ -44,8 +45,8 @@ bool fused_decode_attention_available(const ModelConfig& cfg, const at::Device& 
 DecodeAttentionScratch make_decode_attention_scratch(const ModelConfig& cfg, const at::Device& device) {
   const c10::cuda::CUDAGuard guard(device);
   DecodeAttentionScratch s;
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  s.splits = fc::decode_attention_splits(static_cast<int>(cfg.heads), static_cast<int>(cfg.max_seq_len), sms);
+  s.splits = fc::decode_attention_splits(static_cast<int>(cfg.heads), static_cast<int>(cfg.max_seq_len),
+                                         current_sm_count());
   const auto opts = at::TensorOptions().device(device);
   s.partials = at::zeros({cfg.heads, s.splits, cfg.dim_head + 1}, opts.dtype(at::kFloat));
   s.counters = at::zeros({cfg.heads}, opts.dtype(at::kInt));

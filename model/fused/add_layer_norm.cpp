@@ -9,6 +9,7 @@
 
 #include "attention/common/poison.h"
 #include "model/fused/switch.h"
+#include "model/device.h"
 #include "model/kernel_tensors.h"
 
 #ifdef FLASHCOS_WITH_CUDA
@@ -25,19 +26,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::ScalarType compute_type(std::initializer_list<at::ScalarType> types) {
-  for (auto t : types) {
-    if (t == at::kDouble) return at::kDouble;
-  }
-  return at::kFloat;
-}
-
 #ifdef FLASHCOS_WITH_CUDA
 namespace fc = flashcos::cuda;
 
 fc::DType to_dtype(at::ScalarType t) { return kernel_dtype(t, "flashcos add_layer_norm"); }
-
-int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 #endif
 
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
@@ -83,7 +75,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       C10_CUDA_CHECK(fc::run_add_layer_norm_fwd(p, at::cuda::getCurrentCUDAStream()));
 #endif
     } else {
-      const auto ct = compute_type({x.scalar_type(), s_dtype, gamma.scalar_type(), out_dtype});
+      const auto ct = op_compute_type({x.scalar_type(), s_dtype, gamma.scalar_type(), out_dtype});
       // With a bias: x + (r + r_bias) in the compute type, rounded once to s's dtype, as the
       // kernel does it.
       if (has_bias) {
@@ -149,7 +141,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       flashcos::detail::poison_if_requested(dbeta);
       if (has_bias) flashcos::detail::poison_if_requested(dbias);
       fc::AddLayerNormParams p;
-      p.rows = N, p.width = int(C), p.num_sms = num_sms();
+      p.rows = N, p.width = int(C), p.num_sms = current_sm_count();
       p.x = s.data_ptr(), p.x_dtype = to_dtype(x_dtype);  // read only where there is no r: then s is x
       if (has_r) {
         p.r = s.data_ptr();  // marks "there was a residual"; the backward reads s, never r

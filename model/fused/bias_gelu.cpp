@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "attention/common/poison.h"
+#include "model/device.h"
 #include "model/kernel_tensors.h"
 
 #ifdef FLASHCOS_WITH_CUDA
@@ -26,14 +27,7 @@ using torch::autograd::variable_list;
 namespace fc = flashcos::cuda;
 
 fc::DType to_dtype(at::ScalarType t) { return kernel_dtype(t, "flashcos bias_gelu"); }
-
-int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 #endif
-
-// The dtype the op path computes y + b and the GELU in: float64 if either is, else float32.
-at::ScalarType compute_type(const at::Tensor& y, const at::Tensor& b) {
-  return y.scalar_type() == at::kDouble || b.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
 
 class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
  public:
@@ -49,14 +43,14 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       h = at::empty({N, F}, y2.options());
       flashcos::detail::poison_if_requested(h);
       fc::BiasGeluParams p;
-      p.rows = N, p.width = int(F), p.num_sms = num_sms();
+      p.rows = N, p.width = int(F), p.num_sms = current_sm_count();
       p.y = y2.data_ptr(), p.dtype = to_dtype(y2.scalar_type());
       p.b = b.data_ptr(), p.b_dtype = to_dtype(b.scalar_type());
       p.h = h.data_ptr();
       C10_CUDA_CHECK(fc::run_bias_gelu_fwd(p, at::cuda::getCurrentCUDAStream()));
 #endif
     } else {
-      const auto ct = compute_type(y, b);
+      const auto ct = op_compute_type({y.scalar_type(), b.scalar_type()});
       h = at::gelu(y2.to(ct) + b.to(ct)).to(y.scalar_type());
     }
     ctx->save_for_backward({y2, b});
@@ -84,7 +78,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       flashcos::detail::poison_if_requested(dy);
       flashcos::detail::poison_if_requested(db);
       fc::BiasGeluParams p;
-      p.rows = N, p.width = int(F), p.num_sms = num_sms();
+      p.rows = N, p.width = int(F), p.num_sms = current_sm_count();
       p.y = y.data_ptr(), p.dtype = to_dtype(y.scalar_type());
       p.b = b.data_ptr(), p.b_dtype = to_dtype(b.scalar_type());
       p.dh = dh.data_ptr();
@@ -95,7 +89,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       C10_CUDA_CHECK(fc::run_bias_gelu_bwd(p, at::cuda::getCurrentCUDAStream()));
 #endif
     } else {
-      const auto ct = compute_type(y, b);
+      const auto ct = op_compute_type({y.scalar_type(), b.scalar_type()});
       const at::Tensor dz = at::gelu_backward(dh.to(ct), y.to(ct) + b.to(ct));
       dy = dz.to(y.scalar_type());
       db = dz.sum(0).to(b.scalar_type());
