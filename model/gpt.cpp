@@ -74,6 +74,14 @@ torch::nn::Linear make_linear(const torch::nn::LinearOptions& options, bool init
   return layer;
 }
 
+// The training forward's attention options: causal, the scale, the deterministic backward; the
+// cosine kind also its l2norm groups and rotary positions.
+AttentionOptions training_attention_options(const ModelConfig& cfg) {
+  auto opts = AttentionOptions().causal(true).scale(cfg.attn_scale).deterministic(cfg.deterministic);
+  if (cfg.attention == "cosine") opts.groups(cfg.l2norm_groups).rotary(cfg.pos == "rope").rotary_base(cfg.rope_base);
+  return opts;
+}
+
 torch::nn::Embedding make_embedding(int64_t count, int64_t dim, bool initialise) {
   if (initialise) return torch::nn::Embedding(count, dim);
   torch::nn::Embedding layer(1, 1);
@@ -122,9 +130,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     // The QKV entry point: the fused kernels read q, k, v in place from the projection, write o
     // in (B, T, heads, dim_head) order and return one packed gradient for it (attention.h); the
     // rotation runs inside its l2norm kernels.
-    auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
-    opts.rotary(rope).rotary_base(cfg_.rope_base).deterministic(cfg_.deterministic);
-    return to_out_(cosine_sim_attention_qkv(qkv, NH, opts.backend(Backend::kFused)));
+    return to_out_(cosine_sim_attention_qkv(qkv, NH, training_attention_options(cfg_).backend(Backend::kFused)));
   }
   auto q = split_heads(qkv.narrow(-1, 0, inner));  // (B, NH, T, HS)
   auto k = split_heads(qkv.narrow(-1, inner, inner));
@@ -134,8 +140,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   v = v.to(q.scalar_type());
   torch::Tensor o;
   if (cfg_.attention == "cosine") {
-    auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).groups(cfg_.l2norm_groups);
-    opts.rotary(rope).rotary_base(cfg_.rope_base).deterministic(cfg_.deterministic);
+    auto opts = training_attention_options(cfg_);
     if (cfg_.attention_impl == "sdpa") {
       // Softmax is shift-invariant, so softmax(scale * q.k) on l2-normalised q, k is exactly the
       // cosine-sim attention (no key mask here, so no row is ever empty). q, k are normalised by
@@ -161,7 +166,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     // The unnormalised exp kind, o_i = sum_j exp(scale q_i.k_j) v_j, on l2-normalised (and rotated)
     // q, k, so that its logits stay in [-scale, scale] (attention/README.md: finite range).
     auto [qn, kn] = prepare_qk(q, k, 0);
-    auto opts = AttentionOptions().causal(true).scale(cfg_.attn_scale).kind(AttentionKind::kExp);
+    auto opts = training_attention_options(cfg_).kind(AttentionKind::kExp);
     if (cfg_.attention_impl == "plain") {
       o = plain_cosine_sim_attention(qn, kn, v, opts);
     } else {
