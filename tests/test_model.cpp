@@ -179,17 +179,28 @@ void perturb_biases_and_norms(GPT& model) {
 
 }  // namespace
 
-// The blocks hand their feed-forward output on unadded (model/gpt.h, Residual): the logits and the
-// loss must still be those of the textbook pre-LN stack, with the last block's output added before
-// norm_out.
-TEST(Model, CarriedResidualIsThePreLnSum) {
-  torch::manual_seed(4);
+namespace {
+
+// A 3-block float64 model with random biases and norms, and a (2, 41) window of bytes.
+std::pair<GPT, torch::Tensor> pre_ln_case(uint64_t seed) {
+  torch::manual_seed(seed);
   auto cfg = tiny_config();
   cfg.depth = 3;
   GPT model(cfg);
   model->to(torch::kDouble);
   perturb_biases_and_norms(model);
-  auto window = torch::randint(0, 256, {2, 41}, torch::kLong);
+  return {model, torch::randint(0, 256, {2, 41}, torch::kLong)};
+}
+
+}  // namespace
+
+// The blocks hand their feed-forward output on unadded (model/gpt.h, Residual): the logits and the
+// loss must still be those of the textbook pre-LN stack, with the last block's output added before
+// norm_out.
+TEST(Model, CarriedResidualIsThePreLnSum) {
+  const auto c = pre_ln_case(4);
+  GPT model = c.first;
+  const torch::Tensor window = c.second;
   auto tokens = window.slice(1, 0, 40);
   const auto logits_ref = pre_ln_logits(model, tokens);
   const auto logits = model->forward(tokens);
@@ -208,13 +219,9 @@ TEST(Model, CarriedResidualIsThePreLnSum) {
 // next add + LayerNorm, which adds it and sums its gradient. A bias dropped or a bias gradient lost
 // on either path fails here.
 TEST(Model, CarriedBiasesAndAllGradientsMatchThePreLnBlock) {
-  torch::manual_seed(6);
-  auto cfg = tiny_config();
-  cfg.depth = 3;
-  GPT model(cfg);
-  model->to(torch::kDouble);
-  perturb_biases_and_norms(model);
-  auto window = torch::randint(0, 256, {2, 41}, torch::kLong);
+  const auto c = pre_ln_case(6);
+  GPT model = c.first;
+  const torch::Tensor window = c.second;
   auto tokens = window.slice(1, 0, 40);
   auto target = window.slice(1, 1, 41).reshape({-1});
   // The float64 cross entropy of the logits, and every parameter's gradient of it.
