@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [determinism] [coverage]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [bwdkinds] [determinism] [coverage]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -17,10 +17,13 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
-# fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=cp, ws, ws-overlap, ws-n8: the
+# fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=cp, ws, ws-overlap, ws-packed: the
 # cp.async kernel, the warp-specialised one without and with its overlapped schedule, and that with
-# d128's row sums from an n8 wgmma), forward only, bf16
+# d128's row sums added from the packed P instead of an n8 wgmma), forward only, bf16
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
+# bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD=cp, ws: the cp.async kernel
+# and the warp-specialised one), the attention grid and the deterministic tests under cp, then backward
+# only, bf16 / fp16, d64 / d128, n 8192 / 16384, causal or not, BWDKINDS_ROUNDS (default 2) rounds.
 # determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
 # coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
 # (--mask-prob 0.1), a head bias with its gradient (--bias head), bf16 n 8192 causal.
@@ -31,6 +34,11 @@
 # tests: TESTS_FILTER (a gtest filter for the one-process run), TESTS_CTEST=0 skips the ./train-process
 # suites.
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
+# FWD_GRID_KINDS: the forward kinds whose attention grid fwdkinds runs (default "ws ws-overlap ws-packed").
+# PREBUILT=1 (no build step): $BUILD/train, flashcos_tests and attention/libflashcos_attention.so.* were
+# built on another machine and carried; the loader is pointed at them, at the local libtorch and at
+# PREBUILT_LIBS (a folder of the build machine's shared libraries that this one lacks, e.g. spdlog).
+# TRAIN_ARGS: more flags for every throughput run (e.g. --split 0.9,0.05,0.05 with a shorter corpus).
 # TRAIN_STEPS (default 40) steps per throughput run; CONVERGE_STEPS (default 500) for `converge`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +79,13 @@ if has build; then
   fi
 fi
 TRAIN="$BUILD/train"
+if [ "${PREBUILT:-0}" = 1 ]; then
+  so=$(ls "$BUILD"/attention/libflashcos_attention.so.*.*.* | head -1)
+  ln -sf "$(basename "$so")" "$BUILD/attention/libflashcos_attention.so.0"
+  torch_lib=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
+  export LD_LIBRARY_PATH="$PWD/$BUILD/attention:$torch_lib:/usr/local/cuda/lib64${PREBUILT_LIBS:+:$PWD/$PREBUILT_LIBS}:${LD_LIBRARY_PATH:-}"
+  row "prebuilt" "$(ldd "$TRAIN" | grep -c 'not found') libraries not found"
+fi
 
 if has tests; then
   # The suites that start ./train processes run under ctest (one process per test, as in CI); the
@@ -89,7 +104,7 @@ fi
 train_run() {  # name, args...   (LAUNCH: a launcher to put in front, e.g. scripts/launch.sh --nproc 1)
   local name=$1; shift
   ${LAUNCH:-} "$TRAIN" --data "$DATA" --steps "$TRAIN_STEPS" --log-every 10 --validate-every 1000000 --generate-every 0 \
-      --save-every 1000000 --checkpoint-dir "$CK" --run "$name" "$@" > "$LOG/train_$name.log" 2>&1
+      --save-every 1000000 --checkpoint-dir "$CK" --run "$name" "$@" ${TRAIN_ARGS:-} > "$LOG/train_$name.log" 2>&1
   local rc=$? last
   last=$(grep -E 'step [0-9]+/' "$LOG/train_$name.log" | tail -1 | sed -E 's/.*\| ([0-9.]+k tok\/s).*(peak mem [0-9.]+ GiB).*/\1, \2/')
   row "train $name" "rc $rc: $last"
@@ -258,16 +273,29 @@ if has hopper; then
 fi
 
 if has fwdkinds; then
-  for kind in ws ws-overlap ws-n8; do
+  for kind in ${FWD_GRID_KINDS-ws ws-overlap ws-packed}; do
     FLASHCOS_HOPPER_FWD=$kind "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*' \
         > "$LOG/grid_fwd_$kind.log" 2>&1
     row "grid FLASHCOS_HOPPER_FWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind.log")"
   done
   for c in "" "--causal"; do
-    for kind in cp ws ws-overlap ws-n8; do
+    for kind in cp ws ws-overlap ws-packed; do
       FLASHCOS_HOPPER_FWD=$kind "$TRAIN" bench $c --impls fused --only-forwards --dtype bf16 --dim-head 64,128 \
           --seq-lens 8192 --batch 4 --heads 8 --rounds 2 > "$LOG/fwdkind_${kind}${c}.log" 2>&1
       row "fwd $kind ${c:-full} (d64, d128 TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/fwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
+    done
+  done
+fi
+
+if has bwdkinds; then
+  FLASHCOS_HOPPER_BWD=cp "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*:*Determin*' \
+      > "$LOG/grid_bwd_cp.log" 2>&1
+  row "grid FLASHCOS_HOPPER_BWD=cp" "rc $?: $(gtest_counts "$LOG/grid_bwd_cp.log")"
+  for c in "" "--causal"; do
+    for kind in cp ws; do
+      FLASHCOS_HOPPER_BWD=$kind "$TRAIN" bench $c --impls fused --only-backwards --dtype bf16,fp16 --dim-head 64,128 \
+          --seq-lens 8192,16384 --batch 4 --heads 8 --rounds "${BWDKINDS_ROUNDS:-2}" > "$LOG/bwdkind_${kind}${c}.log" 2>&1
+      row "bwd $kind ${c:-full} (TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/bwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
     done
   done
 fi
@@ -299,10 +327,10 @@ fi
 # default: the trainer's fused operators, the one-row decode linear, the l2norm kernels, the Hopper
 # forward (d64, d128) and the deterministic backward on one case each; the graph
 # decode and decode-step suites take minutes under the sanitizer, name them to include them;
-# SANITIZE_TIMEOUT seconds per tool, default 200).
+# SANITIZE_TIMEOUT seconds per tool, default 200; SANITIZE_TOOLS, default all three).
 if has sanitize; then
   filter=${SANITIZE_FILTER:-'Cases/AddLayerNormCuda.*:Cases/BiasGeluCuda.*:*ClassifierCrossEntropyCuda*:DecodeLinear.*:Gpu/L2NormCuda.*:*FusedAttention*d64_causal_1000*:*FusedAttention*d128_groups2_causal*:*DeterministicBackward*hopper_bf16_d128_full*'}
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/flashcos_tests" --gtest_filter="$filter" \
         > "$LOG/sanitize_$tool.log" 2>&1
     row "compute-sanitizer $tool" "rc $?: $(grep -oE 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^)]*' "$LOG/sanitize_$tool.log" | tail -1)"

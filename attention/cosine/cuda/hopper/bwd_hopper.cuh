@@ -26,8 +26,12 @@
 // lockstep version: docs/kernels.md, "Hopper family".
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 #include "attention/cosine/cuda/bwd_kernel.cuh"
 #include "attention/cosine/cuda/dq_semaphore.cuh"
+#include "attention/cosine/cuda/hopper/bwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
 
@@ -367,6 +371,18 @@ constexpr int hopper_bwd_rows(int variant) {
   return D == 64 && variant != 1 ? 128 : 64;
 }
 
+// Which Hopper backward runs (FLASHCOS_HOPPER_BWD, read once): "ws" (default) the warp-specialised
+// kernel (bwd_hopper_ws.cuh), "ws-early" the same with dQ issued right behind dK, "cp" this file's
+// cp.async kernel, which also runs where the TMA unit cannot address the inputs.
+inline int hopper_bwd_kind() {
+  static const int kind = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_BWD");
+    const std::string s = env != nullptr ? env : "";
+    return s == "cp" ? 0 : s == "ws-early" ? 2 : 1;
+  }();
+  return kind;
+}
+
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
   {
@@ -376,6 +392,11 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
   [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
   return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] {
     constexpr int kBM = hopper_bwd_rows<D>(kV);
+    if (const int kind = hopper_bwd_kind(); kind != 0) {
+      const cudaError_t err = kind == 2 ? launch_bwd_hopper_ws<T, D, kBM, true>(p, stream)
+                                        : launch_bwd_hopper_ws<T, D, kBM, false>(p, stream);
+      if (err != cudaErrorNotSupported) return err;
+    }
     using Tile = hopper::BwdHopperTile<D, kBM>;
     const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;

@@ -113,6 +113,21 @@ __device__ __forceinline__ void named_bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// Warp specialisation: a warpgroup lowers (the producer) or raises (the consumers) its register
+// limit; every thread of the warpgroup executes it.
+template <int kRegs>
+__device__ __forceinline__ void regs_dealloc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_alloc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
 // Copies a (ROWS x D) tile of 16-bit elements (row pitch g_stride elements) into a SW128 tile;
 // rows >= valid_rows are zero-filled (their source address is replaced by g_safe).
 template <int ROWS, int D, int THREADS, typename T>

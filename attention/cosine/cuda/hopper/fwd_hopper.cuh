@@ -182,14 +182,14 @@ namespace flashcos::cuda {
 
 // Which Hopper forward runs (FLASHCOS_HOPPER_FWD, read once): "ws-overlap" (default) the
 // warp-specialised kernel with its overlapped schedule (fwd_hopper_ws.cuh), "ws" the same without
-// the overlap, "cp" this file's cp.async kernel, "ws-n8" the default with d 128's l from an n8
-// wgmma (fwd_hopper_ws.cuh, FwdL::kOnesMma; not yet run on a GPU). The warp-specialised ones fall
-// back to "cp" where the TMA unit cannot address the inputs.
+// the overlap, "cp" this file's cp.async kernel, "ws-packed" the default with d 128's l summed from
+// the packed P (fwd_hopper_ws.cuh, FwdL::kPackedSum; the default takes it from an n8 wgmma). The
+// warp-specialised ones fall back to "cp" where the TMA unit cannot address the inputs.
 inline int hopper_fwd_kind() {
   static const int kind = [] {
     const char* env = std::getenv("FLASHCOS_HOPPER_FWD");
     const std::string s = env != nullptr ? env : "";
-    return s == "cp" ? 0 : s == "ws" ? 1 : s == "ws-n8" ? 3 : 2;
+    return s == "cp" ? 0 : s == "ws" ? 1 : s == "ws-packed" ? 3 : 2;
   }();
   return kind;
 }
@@ -197,8 +197,8 @@ inline int hopper_fwd_kind() {
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
   if (const int kind = hopper_fwd_kind(); kind != 0) {
-    constexpr hopper::FwdL kN8 = D == 128 ? hopper::FwdL::kOnesMma : hopper::FwdL::kOnesCols;
-    const cudaError_t err = kind == 3   ? launch_fwd_hopper_ws<T, D, true, kN8>(p, stream)
+    constexpr hopper::FwdL kPacked = D == 128 ? hopper::FwdL::kPackedSum : hopper::FwdL::kOnesCols;
+    const cudaError_t err = kind == 3   ? launch_fwd_hopper_ws<T, D, true, kPacked>(p, stream)
                             : kind == 2 ? launch_fwd_hopper_ws<T, D, true>(p, stream)
                                         : launch_fwd_hopper_ws<T, D, false>(p, stream);
     if (err != cudaErrorNotSupported) return err;

@@ -1,0 +1,424 @@
+// Warp-specialised backward of cosine-sim attention on Hopper (sm_90a): a producer warp loads by
+// TMA, two consumer warpgroups only compute. Same math, coverage, scratch and outputs as
+// bwd_hopper.cuh (read its header first): per step of kBM query rows of one query head,
+//   S^T = K_w Q^T, dP^T = V_w dO^T, P^T = exp2(S^T scale log2e + c_i), dS^T = P^T (dP^T - D_i),
+//   dV += P^T dO, dK += dS^T Q, dQ += dS K (a step late: it needs both warpgroups' dS^T),
+// with dK, dV in registers over the whole query loop and dQ added to the fp32 accumulator.
+//
+// CTA: warpgroup 0 is the producer (setmaxnreg leaves it 24 registers; its warp 0 loads, the
+// others exit), warpgroups 1 and 2 the consumers (240 registers each), consumer c owning keys
+// n0 + 64 c .. n0 + 64 c + 63. What the producer does per step `it` (stage it % kStages):
+//   row stats c_i, D_i: plain loads into registers before it waits for the stage (rows past I get
+//     c_i = -inf, so P = 0), stores to shared memory, then every lane arrives on full[s];
+//   Q, dO: TMA tile loads (rows past I come back as zeros) counted by lane 0's expect_tx.
+// K and V come once, by TMA, on bar_kv. mbarriers:
+//   bar_kv       K, V landed (transaction count)
+//   full[s]      Q, dO of stage s landed and the producer's 32 lanes stored the row stats
+//   empty[s]     the 256 consumer threads are done with stage s (its MMAs completed, stats read)
+//   ds_full / ds_empty   dS^T buffers, as in bwd_hopper.cuh
+// The consumers' step is bwd_hopper.cuh's, without its cp.async loads (address math and registers
+// that the wgmma accumulators want).
+#pragma once
+
+#include <cuda.h>
+
+#include <type_traits>
+
+#include "attention/cosine/cuda/bwd_kernel.cuh"
+#include "attention/cosine/cuda/dq_semaphore.cuh"
+#include "attention/cosine/cuda/hopper/common.cuh"
+#include "attention/cosine/cuda/hopper/tma.cuh"
+#include "attention/cosine/cuda/hopper/tma_map.h"
+#include "attention/cosine/cuda/hopper/wgmma.cuh"
+
+namespace flashcos::cuda::hopper {
+
+struct BwdTmaMaps {
+  CUtensorMap q, k, v, dout;
+};
+
+template <int D, int BM>
+struct BwdWsTile {
+  static_assert(D == 64 || D == 128, "the Hopper backward covers head dims 64 and 128");
+  static_assert(BM == 64 || BM == 128, "64 or 128 query rows per step");
+  static constexpr int kBN = 128;  // keys per CTA, 64 per consumer warpgroup
+  static constexpr int kBM = BM;   // query rows per step
+  static constexpr int kThreads = 384;
+  static constexpr int kStages = 3;  // Q / dO / c_i / D_i stages
+  static constexpr bool kSplitRows = BM == 128;  // dQ: consumer c takes rows 64c.., else columns
+  static constexpr int kNQ = kSplitRows ? D : D / 2;  // dQ columns per consumer
+  static constexpr int kKBytes = kBN * D * 2;
+  static constexpr int kQBytes = kBM * D * 2;
+  static constexpr int kSBytes = kBN * kBM * 2;  // dS^T, as bwd_hopper.cuh
+  static constexpr int kBarriers = 2 * kStages + 5;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr size_t kSmem = size_t(2) * kKBytes + 2 * kStages * size_t(kQBytes) + 2 * size_t(kSBytes) +
+                                  2 * kStages * kBM * sizeof(float) + kBarriers * sizeof(uint64_t) + kSw128Atom;
+  static_assert(kSmem <= 227 * 1024, "shared memory");
+  static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 65536, "register file");
+};
+
+template <typename T, int D, int BM, bool kDet, bool kEarlyDq>
+__global__ void __launch_bounds__(BwdWsTile<D, BM>::kThreads, 1)
+    bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = BwdWsTile<D, BM>;
+  constexpr int kBN = Tile::kBN, kBM = Tile::kBM;
+  constexpr int kKT = D / 16;
+  constexpr int kMT = kBM / 16;
+  constexpr int kNT = kBN / 16;
+  constexpr bool kSplitRows = Tile::kSplitRows;
+  constexpr int kNQ = Tile::kNQ;
+  constexpr int kStages = Tile::kStages;
+  constexpr int kConsumerThreads = 256;
+  constexpr int kStatsPerLane = kBM / 32;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + kSw128Atom - 1) & ~uint32_t(kSw128Atom - 1)) - raw_addr);
+  unsigned char* sK = smem;
+  unsigned char* sV = sK + Tile::kKBytes;
+  unsigned char* sQ = sV + Tile::kKBytes;              // kStages stages
+  unsigned char* sdO = sQ + kStages * Tile::kQBytes;   // kStages stages
+  unsigned char* sdS = sdO + kStages * Tile::kQBytes;  // 2 buffers
+  float* sRowC = reinterpret_cast<float*>(sdS + 2 * Tile::kSBytes);  // (kStages, kBM)
+  float* sDelta = sRowC + kStages * kBM;                             // (kStages, kBM)
+  uint64_t* bar_full = reinterpret_cast<uint64_t*>(sDelta + kStages * kBM);
+  uint64_t* bar_empty = bar_full + kStages;
+  uint64_t* bar_ds_full = bar_empty + kStages;
+  uint64_t* bar_ds_empty = bar_ds_full + 2;
+  uint64_t* bar_kv = bar_ds_empty + 2;
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
+  // The grid order of bwd_hopper.cuh (see there): causal or deterministic, key block slowest.
+  const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
+  const bool block_slowest = p.causal || kDet;
+  const unsigned slow = block_slowest ? unsigned(heads_batches) : unsigned(n_blocks);
+  const int n_block = block_slowest ? int(blockIdx.x / slow) : int(blockIdx.x % slow);
+  const int hb = block_slowest ? int(blockIdx.x % slow) : int(blockIdx.x / slow);
+  const int hkv = hb % p.Hkv, b = hb / p.Hkv;
+  const int group = p.H / p.Hkv;
+  const int I = p.I, J = p.J, H = p.H;
+  const int diag = J - I;
+  const int n0 = n_block * kBN;
+  const int m_blocks = (I + kBM - 1) / kBM;
+  const int m_start = p.causal ? max(0, n0 - diag) / kBM : 0;
+  const int per_head = max(0, m_blocks - m_start);
+  const int n_iters = group * per_head;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full + s, 32);
+      mbar_init(bar_empty + s, kConsumerThreads);
+    }
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(bar_ds_full + s, kConsumerThreads);
+      mbar_init(bar_ds_empty + s, kConsumerThreads / 32);
+    }
+    mbar_init(bar_kv, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // Step it covers query head step_h(it), rows step_m0(it) ..: heads outer, row blocks inner.
+  auto step_h = [&](int it) { return hkv * group + it / per_head; };
+  auto step_m0 = [&](int it) { return (m_start + it % per_head) * kBM; };
+
+  if (wg == 0) {
+    // Producer: warp 0 loads, the other three warps only give their registers away.
+    regs_dealloc<Tile::kProducerRegs>();
+    if (warp != 0) return;
+    if (lane == 0) {
+      tma_prefetch_map(&maps.q);
+      tma_prefetch_map(&maps.dout);
+      mbar_arrive_expect_tx(bar_kv, 2 * Tile::kKBytes);
+#pragma unroll
+      for (int blk = 0; blk < D / 64; ++blk) {
+        tma_load_4d(sK + blk * kBN * kSw128Row, &maps.k, blk * 64, n0, hkv, b, bar_kv);
+        tma_load_4d(sV + blk * kBN * kSw128Row, &maps.v, blk * 64, n0, hkv, b, bar_kv);
+      }
+    }
+    const float* gRowC = static_cast<const float*>(p.row_offset);
+    const float* gDelta = static_cast<const float*>(p.delta);
+    for (int it = 0; it < n_iters; ++it) {
+      const int s = it % kStages, h = step_h(it), m0 = step_m0(it);
+      float rc[kStatsPerLane], rd[kStatsPerLane];
+#pragma unroll
+      for (int i = 0; i < kStatsPerLane; ++i) {
+        const int r = m0 + lane + 32 * i;
+        const int64_t row = (int64_t(b) * H + h) * I + r;
+        rc[i] = r < I ? gRowC[row] : -INFINITY;
+        rd[i] = r < I ? gDelta[row] : 0.f;
+      }
+      if (it >= kStages) mbar_wait(bar_empty + s, ((it / kStages) - 1) & 1);
+#pragma unroll
+      for (int i = 0; i < kStatsPerLane; ++i) {
+        sRowC[s * kBM + lane + 32 * i] = rc[i];
+        sDelta[s * kBM + lane + 32 * i] = rd[i];
+      }
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kQBytes);
+#pragma unroll
+        for (int blk = 0; blk < D / 64; ++blk) {
+          tma_load_4d(sQ + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.q, blk * 64, m0, h, b, bar_full + s);
+          tma_load_4d(sdO + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.dout, blk * 64, m0, h, b, bar_full + s);
+        }
+      } else {
+        mbar_arrive(bar_full + s);
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  regs_alloc<Tile::kConsumerRegs>();
+  const int c = wg - 1;
+  const int g = lane / 4, t = lane % 4;
+  const uint32_t aK = smem_addr(sK), aV = smem_addr(sV), aQ = smem_addr(sQ), adO = smem_addr(sdO);
+  const uint32_t adS = smem_addr(sdS);
+  const int wg_key0 = n0 + c * 64;
+  const int key_local0 = c * 64 + warp * 16 + g;
+  // This thread's two keys n0 + key_local0 + 8 e0: inside J and not masked out.
+  const bool has_mask = p.mask != nullptr;
+  bool key_ok[2];
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    const int col = n0 + key_local0 + 8 * e0;
+    key_ok[e0] = col < J && (!has_mask || p.mask[int64_t(b) * p.mask_b_stride + int64_t(col) * p.mask_j_stride]);
+  }
+  const float scale_log2 = p.scale * kLog2e;
+
+  float rdK[D / 2], rdV[D / 2], rdQ[kNQ / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) rdK[i] = rdV[i] = 0.f;
+  uint32_t rPf[kMT][4], rdSf[kMT][4];
+
+  // Deterministic (kDet): as bwd_hopper.cuh; named barrier 2 + c is the consumer warpgroup's.
+  auto unit_rows0 = [&](int it) { return step_m0(it) + (kSplitRows ? c * 64 : 0); };
+  auto count_unit = [&](int it) {
+    if (unit_rows0(it) >= I) return;
+    __threadfence();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+    if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, step_h(it), I, unit_rows0(it)));
+  };
+  auto flush_dq = [&](int it) {
+    const int h = step_h(it), m0 = step_m0(it);
+    float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+    const bool ordered = kDet && unit_rows0(it) < I;
+    if (kDet && it > 0) count_unit(it - 1);
+    if (ordered) {
+      if (tid % 128 == 0)
+        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, unit_rows0(it)), kSplitRows ? n_block : 2 * n_block);
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+    }
+#pragma unroll
+    for (int e0 = 0; e0 < 2; ++e0) {
+      const int r = m0 + (kSplitRows ? c * 64 : 0) + warp * 16 + g + 8 * e0;
+      if (r >= I) continue;
+#pragma unroll
+      for (int i = 0; i < kNQ / 8; ++i)
+        atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : c * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
+                    rdQ[4 * i + 2 * e0 + 1] * p.scale);
+    }
+  };
+  // dQ(it) = dS(it) K, as bwd_hopper.cuh's issue_dq.
+  auto issue_dq = [&](int it) {
+    const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
+    const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
+#pragma unroll
+    for (int kk = 0; kk < kNT; ++kk)
+      Wgmma<T, kNQ>::template ss<1, 1>(rdQ, make_desc(adS + s_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
+                                       make_desc(aK + k_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
+                                       kk > 0);
+  };
+
+  mbar_wait(bar_kv, 0);
+  int stage = 0;
+  uint32_t phase = 0;
+  // One step; kPrev (it > 0 as a constant, so that every path has a fixed number of MMA groups in
+  // flight): dQ(it - 1) is still to do.
+  auto run_step = [&](int it, auto prev) {
+    constexpr bool kPrev = decltype(prev)::value;
+    const int m0 = step_m0(it);
+    mbar_wait(bar_full + stage, phase);
+    if (it == 0 && c == 1) named_bar_sync<1, kConsumerThreads>();  // start half a step after consumer 0
+    const uint32_t aQs = aQ + stage * Tile::kQBytes, adOs = adO + stage * Tile::kQBytes;
+    const float* sRowCs = sRowC + stage * kBM;
+    const float* sDeltas = sDelta + stage * kBM;
+    unsigned char* sdSb = sdS + (it & 1) * Tile::kSBytes;
+
+    const bool elementwise = has_mask || wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
+    float rS[kBM / 2], rdP[kBM / 2];
+    auto issue_s_dp = [&](float (&acc)[kBM / 2], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+      for (int kk = 0; kk < kKT; ++kk) {
+        const uint32_t a_off = (kk / 4) * kBN * kSw128Row + c * 64 * kSw128Row + (kk % 4) * 32;
+        const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
+        Wgmma<T, kBM>::template ss<0, 0>(acc, make_desc(a_base + a_off, 16, kSw128Atom),
+                                         make_desc(b_base + b_off, 16, kSw128Atom), kk > 0);
+      }
+    };
+    auto issue_kv_grad = [&](float (&acc)[D / 2], const uint32_t (&frag)[kMT][4], uint32_t b_base) {
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk)
+        Wgmma<T, D>::template rs<1>(acc, frag[kk], make_desc(b_base + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+                                    1);
+    };
+    auto store_ds = [&] {
+#pragma unroll
+      for (int e0 = 0; e0 < 2; ++e0) {
+        const int kr = key_local0 + 8 * e0;
+        unsigned char* row = sdSb + kr * kSw128Row + 4 * t;
+#pragma unroll
+        for (int kk = 0; kk < kMT; ++kk) {
+          unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
+          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
+        }
+      }
+    };
+    wgmma_fence();
+    issue_s_dp(rS, aK, aQs);
+    wgmma_commit();
+    issue_s_dp(rdP, aV, adOs);
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T
+    fence_regs(rS);
+#pragma unroll
+    for (int i = 0; i < kBM / 2; ++i) {
+      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
+      const float x = fmaf(rS[i], scale_log2, sRowCs[rl]);
+      bool ok = true;
+      if (elementwise) {
+        const int col = n0 + key_local0 + 8 * ((i / 2) % 2);
+        ok = key_ok[(i / 2) % 2] && (!p.causal || col <= m0 + rl + diag);
+      }
+      rS[i] = ok ? fast_exp2(x) : 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
+    wgmma_fence();
+    issue_kv_grad(rdV, rPf, adOs);
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T (dV may still run)
+    fence_regs(rdP);
+    if (it == 0 && c == 0) named_bar_arrive<1, kConsumerThreads>();
+    // dS^T from the 16-bit P that dV uses (rS is dead once packed: its 64 registers are what
+    // the 240-register consumers lack).
+#pragma unroll
+    for (int i = 0; i < kBM / 2; ++i) {
+      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
+      const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
+      rdP[i] = (i % 2 ? pp.y : pp.x) * (rdP[i] - sDeltas[rl]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
+    if (it >= 2) mbar_wait(bar_ds_empty + (it & 1), ((it - 2) >> 1) & 1);
+    store_ds();
+    fence_proxy_async();
+    mbar_arrive(bar_ds_full + (it & 1));
+    wgmma_fence();
+    issue_kv_grad(rdK, rdSf, aQs);
+    wgmma_commit();
+    // kEarlyDq: dQ(it - 1) goes in right behind dK, so that the tensor cores are not left idle
+    // while this warpgroup waits for dK; otherwise it is issued once dV and dK completed.
+    constexpr bool early_dq = kEarlyDq && kPrev;
+    if constexpr (early_dq) {
+      mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
+      wgmma_fence();
+      issue_dq(it - 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV, dK
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_regs(rdV);
+    fence_regs(rdK);
+#pragma unroll
+    for (int kk = 0; kk < kMT; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(rPf[kk][e]), "+r"(rdSf[kk][e])::"memory");
+    mbar_arrive(bar_empty + stage);
+    if constexpr (kPrev) {
+      if constexpr (!early_dq) {
+        mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
+        wgmma_fence();
+        issue_dq(it - 1);
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      fence_regs(rdQ);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_ds_empty + ((it - 1) & 1));
+      flush_dq(it - 1);
+    }
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  };
+  if (n_iters > 0) run_step(0, std::false_type{});
+  for (int it = 1; it < n_iters; ++it) run_step(it, std::true_type{});
+  if (n_iters > 0) {
+    const int last = n_iters - 1;
+    mbar_wait(bar_ds_full + (last & 1), (last >> 1) & 1);
+    wgmma_fence();
+    issue_dq(last);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(rdQ);
+    flush_dq(last);
+    if (kDet) count_unit(last);
+  }
+
+#pragma unroll
+  for (int e0 = 0; e0 < 2; ++e0) {
+    const int col = n0 + key_local0 + 8 * e0;
+    if (col >= J) continue;
+    T* gdK = static_cast<T*>(p.dk) + b * p.dk_b_stride + hkv * p.dk_h_stride + int64_t(col) * p.dk_j_stride;
+    T* gdV = static_cast<T*>(p.dv) + b * p.dv_b_stride + hkv * p.dv_h_stride + int64_t(col) * p.dv_j_stride;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
+          pack2<T>(rdK[4 * dt + 2 * e0] * p.scale, rdK[4 * dt + 2 * e0 + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);
+    }
+  }
+#endif
+}
+
+}  // namespace flashcos::cuda::hopper
+
+namespace flashcos::cuda {
+
+// The warp-specialised backward, or cudaErrorNotSupported where the TMA unit cannot address the
+// inputs (the caller then runs another kernel). The delta kernel has run.
+template <typename T, int D, int BM, bool kEarlyDq>
+cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
+  using Tile = hopper::BwdWsTile<D, BM>;
+  constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
+  hopper::BwdTmaMaps maps;
+  const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
+  const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
+  const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
+  const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
+  if (make_sw128_tile_map(&maps.q, q, Tile::kBM) != cudaSuccess ||
+      make_sw128_tile_map(&maps.dout, dout, Tile::kBM) != cudaSuccess ||
+      make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
+      make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
+    return cudaErrorNotSupported;
+  }
+  const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
+  if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
+  auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kEarlyDq>
+                                          : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kEarlyDq>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream>>>(maps, p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashcos::cuda
