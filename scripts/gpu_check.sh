@@ -21,9 +21,11 @@
 # cp.async kernel, the warp-specialised one without and with its overlapped schedule, and that with
 # d128's row sums added from the packed P instead of an n8 wgmma), forward only, bf16
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
-# bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD=cp, ws: the cp.async kernel
-# and the warp-specialised one), the attention grid and the deterministic tests under cp, then backward
-# only, bf16 / fp16, d64 / d128, n 8192 / 16384, causal or not, BWDKINDS_ROUNDS (default 2) rounds.
+# bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh): the attention
+# grid and the deterministic tests under each of BWD_GRID_KINDS (default cp), then backward only, bf16 /
+# fp16, d64 / d128, n 8192 / 16384, causal or not, for each of BWD_KINDS (default "cp ws"),
+# BWDKINDS_ROUNDS (default 2) rounds. The table lists TFLOP/s in that order. STEP_TIMEOUT: seconds
+# allowed to each of these commands (none by default).
 # determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
 # coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
 # (--mask-prob 0.1), a head bias with its gradient (--bias head), bf16 n 8192 causal.
@@ -133,7 +135,7 @@ if has profile; then
     n=${PROFILE_STEPS:-4}
     "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --grad-accum 1 --steps $((n + 2)) --profile-steps "$n" \
         --log-every 1 --validate-every 1000000 --generate-every 0 --save-every 1000000 --checkpoint-dir "$CK" \
-        --run prof-$impl $flag > "$LOG/profile_$impl.log" 2>&1
+        --run prof-$impl $flag ${TRAIN_ARGS:-} > "$LOG/profile_$impl.log" 2>&1
     row "profile $impl" "rc $?: $(grep -oE 'GPU busy [0-9.]+ ms/step' "$LOG/profile_$impl.log")"
   done
 fi
@@ -288,12 +290,14 @@ if has fwdkinds; then
 fi
 
 if has bwdkinds; then
-  FLASHCOS_HOPPER_BWD=cp "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*:*Determin*' \
-      > "$LOG/grid_bwd_cp.log" 2>&1
-  row "grid FLASHCOS_HOPPER_BWD=cp" "rc $?: $(gtest_counts "$LOG/grid_bwd_cp.log")"
+  for kind in ${BWD_GRID_KINDS:-cp}; do
+    FLASHCOS_HOPPER_BWD=$kind ${STEP_TIMEOUT:+timeout $STEP_TIMEOUT} "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*:*Determin*' \
+        > "$LOG/grid_bwd_$kind.log" 2>&1
+    row "grid FLASHCOS_HOPPER_BWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_bwd_$kind.log")"
+  done
   for c in "" "--causal"; do
-    for kind in cp ws; do
-      FLASHCOS_HOPPER_BWD=$kind "$TRAIN" bench $c --impls fused --only-backwards --dtype bf16,fp16 --dim-head 64,128 \
+    for kind in ${BWD_KINDS:-cp ws}; do
+      FLASHCOS_HOPPER_BWD=$kind ${STEP_TIMEOUT:+timeout $STEP_TIMEOUT} "$TRAIN" bench $c --impls fused --only-backwards --dtype bf16,fp16 --dim-head 64,128 \
           --seq-lens 8192,16384 --batch 4 --heads 8 --rounds "${BWDKINDS_ROUNDS:-2}" > "$LOG/bwdkind_${kind}${c}.log" 2>&1
       row "bwd $kind ${c:-full} (TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/bwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
     done

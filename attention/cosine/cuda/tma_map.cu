@@ -99,6 +99,23 @@ cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+cudaError_t make_f32_sw128_map(CUtensorMap* map, void* base, int64_t B, int64_t H, int64_t rows, int64_t D,
+                               int box_rows) {
+  const bool ok = map != nullptr && base != nullptr && reinterpret_cast<uintptr_t>(base) % 16 == 0 && B >= 1 &&
+                  H >= 1 && rows >= 1 && D >= 32 && D % 32 == 0 && box_rows >= 1 && box_rows <= 256;
+  if (!ok) return cudaErrorInvalidValue;
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr) return cudaErrorInvalidValue;
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(rows), cuuint64_t(H), cuuint64_t(B)};
+  const cuuint64_t strides[3] = {cuuint64_t(D) * 4, cuuint64_t(rows * D) * 4, cuuint64_t(H * rows * D) * 4};
+  const cuuint32_t box[4] = {32, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 cudaError_t hopper_tma_tile_selftest(const Sw128TileTensor& t, int b, int h, int row0, int64_t* mismatches,
                                      int64_t* nonzero_past_end) {
   int dev = 0, major = 0, minor = 0;

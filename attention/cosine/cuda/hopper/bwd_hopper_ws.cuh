@@ -11,13 +11,21 @@
 //   row stats c_i, D_i: plain loads into registers before it waits for the stage (rows past I get
 //     c_i = -inf, so P = 0), stores to shared memory, then every lane arrives on full[s];
 //   Q, dO: TMA tile loads (rows past I come back as zeros) counted by lane 0's expect_tx.
-// K and V come once, by TMA, on bar_kv. mbarriers:
+// K and V come once, by TMA, on bar_kv. kTmaDq: the consumers store their part of dQ(it) to a
+// staging tile in shared memory instead of adding it with atomics, and the producer's warp 1 adds
+// the tile to the fp32 accumulator with a TMA reduction (cp.reduce.async.bulk.tensor .add); two
+// tiles (one per consumer) take the place of the third Q / dO stage. mbarriers:
 //   bar_kv       K, V landed (transaction count)
 //   full[s]      Q, dO of stage s landed and the producer's 32 lanes stored the row stats
 //   empty[s]     the 256 consumer threads are done with stage s (its MMAs completed, stats read)
 //   ds_full / ds_empty   dS^T buffers, as in bwd_hopper.cuh
+//   dq_full[c] / dq_empty[c]   kTmaDq: consumer c stored its dQ part / the reduction has read it
 // The consumers' step is bwd_hopper.cuh's, without its cp.async loads (address math and registers
-// that the wgmma accumulators want).
+// that the wgmma accumulators want), with two changes: dS^T = P^T (dP^T - D_i) takes the 16-bit P
+// that dV uses (unpacked from its A fragments), so the fp32 P dies once packed and the consumers fit
+// 240 registers without spills; and with kTmaDq, dQ(it - 1) is issued right behind dK(it) (with
+// the atomics it stays after dV / dK: issued early it gained nothing). kTmaDq is the default
+// (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh); the deterministic mode keeps the consumers' ordered atomics.
 #pragma once
 
 #include <cuda.h>
@@ -35,35 +43,46 @@ namespace flashcos::cuda::hopper {
 
 struct BwdTmaMaps {
   CUtensorMap q, k, v, dout;
+  CUtensorMap dq;  // kTmaDq: the fp32 accumulator, 64-row x 32-column boxes (make_f32_sw128_map)
 };
 
-template <int D, int BM>
+template <int D, int BM, bool kTmaDq>
 struct BwdWsTile {
   static_assert(D == 64 || D == 128, "the Hopper backward covers head dims 64 and 128");
   static_assert(BM == 64 || BM == 128, "64 or 128 query rows per step");
   static constexpr int kBN = 128;  // keys per CTA, 64 per consumer warpgroup
   static constexpr int kBM = BM;   // query rows per step
   static constexpr int kThreads = 384;
-  static constexpr int kStages = 3;  // Q / dO / c_i / D_i stages
+  static constexpr int kStages = kTmaDq ? 2 : 3;  // Q / dO / c_i / D_i stages
   static constexpr bool kSplitRows = BM == 128;  // dQ: consumer c takes rows 64c.., else columns
   static constexpr int kNQ = kSplitRows ? D : D / 2;  // dQ columns per consumer
   static constexpr int kKBytes = kBN * D * 2;
   static constexpr int kQBytes = kBM * D * 2;
   static constexpr int kSBytes = kBN * kBM * 2;  // dS^T, as bwd_hopper.cuh
-  static constexpr int kBarriers = 2 * kStages + 5;
+  // kTmaDq: each consumer's 64 x 64 fp32 part of dQ, as two SW128 boxes of 64 rows x 32 columns.
+  static constexpr int kDqBoxBytes = 64 * 32 * 4;
+  static constexpr int kDqTileBytes = 2 * kDqBoxBytes;
+  static constexpr int kDqBytes = kTmaDq ? 2 * kDqTileBytes : 0;
+  static_assert(!kTmaDq || kNQ == 64, "a consumer's dQ part is 64 columns");
+  static constexpr int kBarriers = 2 * kStages + 9;
+  // The CTA gets 168 registers x 384 threads at launch; setmaxnreg only moves them between the
+  // warpgroups, so 24 + 2 x 240 is the most (with 32 for the producer the consumers' setmaxnreg.inc
+  // waited forever: a hang on the H100). kTmaDq's producer spills a few bytes at 24.
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr size_t kSmem = size_t(2) * kKBytes + 2 * kStages * size_t(kQBytes) + 2 * size_t(kSBytes) +
-                                  2 * kStages * kBM * sizeof(float) + kBarriers * sizeof(uint64_t) + kSw128Atom;
+                                  kDqBytes + 2 * kStages * kBM * sizeof(float) + kBarriers * sizeof(uint64_t) +
+                                  kSw128Atom;
   static_assert(kSmem <= 227 * 1024, "shared memory");
-  static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 65536, "register file");
+  static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
 };
 
-template <typename T, int D, int BM, bool kDet, bool kEarlyDq>
-__global__ void __launch_bounds__(BwdWsTile<D, BM>::kThreads, 1)
+template <typename T, int D, int BM, bool kDet, bool kTmaDq>
+__global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = BwdWsTile<D, BM>;
+  static_assert(!(kDet && kTmaDq), "the deterministic order is kept by the consumers' own adds");
+  using Tile = BwdWsTile<D, BM, kTmaDq>;
   constexpr int kBN = Tile::kBN, kBM = Tile::kBM;
   constexpr int kKT = D / 16;
   constexpr int kMT = kBM / 16;
@@ -82,13 +101,16 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM>::kThreads, 1)
   unsigned char* sQ = sV + Tile::kKBytes;              // kStages stages
   unsigned char* sdO = sQ + kStages * Tile::kQBytes;   // kStages stages
   unsigned char* sdS = sdO + kStages * Tile::kQBytes;  // 2 buffers
-  float* sRowC = reinterpret_cast<float*>(sdS + 2 * Tile::kSBytes);  // (kStages, kBM)
+  unsigned char* sdQ = sdS + 2 * Tile::kSBytes;        // kTmaDq: one dQ part per consumer
+  float* sRowC = reinterpret_cast<float*>(sdQ + Tile::kDqBytes);  // (kStages, kBM)
   float* sDelta = sRowC + kStages * kBM;                             // (kStages, kBM)
   uint64_t* bar_full = reinterpret_cast<uint64_t*>(sDelta + kStages * kBM);
   uint64_t* bar_empty = bar_full + kStages;
   uint64_t* bar_ds_full = bar_empty + kStages;
   uint64_t* bar_ds_empty = bar_ds_full + 2;
   uint64_t* bar_kv = bar_ds_empty + 2;
+  uint64_t* bar_dq_full = bar_kv + 1;       // kTmaDq: consumer c stored its dQ part (128 arrivals)
+  uint64_t* bar_dq_empty = bar_dq_full + 2;  // the producer's reduction has read it (1 arrival)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
   // The grid order of bwd_hopper.cuh (see there): causal or deterministic, key block slowest.
@@ -119,6 +141,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM>::kThreads, 1)
       mbar_init(bar_ds_empty + s, kConsumerThreads / 32);
     }
     mbar_init(bar_kv, 1);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(bar_dq_full + s, 128);
+      mbar_init(bar_dq_empty + s, 1);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -130,6 +157,30 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM>::kThreads, 1)
   if (wg == 0) {
     // Producer: warp 0 loads, the other three warps only give their registers away.
     regs_dealloc<Tile::kProducerRegs>();
+    if (kTmaDq && warp == 1 && lane == 0) {
+      // dQ: each consumer's part of step k, added to the accumulator by a TMA reduction once the
+      // consumer stored it; the buffer is handed back once the reduction has read it.
+      tma_prefetch_map(&maps.dq);
+      for (int k = 0; k < n_iters; ++k) {
+        const int h = step_h(k), m0 = step_m0(k);
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          mbar_wait(bar_dq_full + cc, k & 1);
+          const int row0 = m0 + (kSplitRows ? 64 * cc : 0), col0 = kSplitRows ? 0 : 64 * cc;
+          if (row0 < I) {
+#pragma unroll
+            for (int box = 0; box < 2; ++box)
+              tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
+                                row0, h, b);
+          }
+          bulk_commit();
+          bulk_wait_read<0>();
+          mbar_arrive(bar_dq_empty + cc);
+        }
+      }
+      bulk_wait<0>();
+      return;
+    }
     if (warp != 0) return;
     if (lane == 0) {
       tma_prefetch_map(&maps.q);
@@ -205,6 +256,26 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM>::kThreads, 1)
     if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, step_h(it), I, unit_rows0(it)));
   };
   auto flush_dq = [&](int it) {
+    if constexpr (kTmaDq) {
+      // This consumer's part into its staging tile (SW128, fp32: 4 floats per 16-byte chunk), for
+      // the producer's reduction; its reduction of step it - 1 must have read the tile.
+      if (it > 0) mbar_wait(bar_dq_empty + c, (it - 1) & 1);
+      unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
+#pragma unroll
+      for (int e0 = 0; e0 < 2; ++e0) {
+        const int r = warp * 16 + g + 8 * e0;
+#pragma unroll
+        for (int i = 0; i < kNQ / 8; ++i) {
+          const int cb = 8 * (i % 4) + 2 * t;  // column inside the 32-column box i / 4
+          *reinterpret_cast<float2*>(tile + (i / 4) * Tile::kDqBoxBytes + r * kSw128Row + (((cb / 4) ^ (r % 8)) * 16) +
+                                     (cb % 4) * 4) =
+              make_float2(rdQ[4 * i + 2 * e0] * p.scale, rdQ[4 * i + 2 * e0 + 1] * p.scale);
+        }
+      }
+      fence_proxy_async();
+      mbar_arrive(bar_dq_full + c);
+      return;
+    }
     const int h = step_h(it), m0 = step_m0(it);
     float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
     const bool ordered = kDet && unit_rows0(it) < I;
@@ -323,9 +394,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM>::kThreads, 1)
     wgmma_fence();
     issue_kv_grad(rdK, rdSf, aQs);
     wgmma_commit();
-    // kEarlyDq: dQ(it - 1) goes in right behind dK, so that the tensor cores are not left idle
-    // while this warpgroup waits for dK; otherwise it is issued once dV and dK completed.
-    constexpr bool early_dq = kEarlyDq && kPrev;
+    // kTmaDq: dQ(it - 1) goes in right behind dK, so that the tensor cores are not left idle
+    // while this warpgroup waits for dK; otherwise it is issued once dV and dK completed (with the
+    // atomics, issuing it early measured the same: H100 bf16 n 8192 d64 341 against 337 TFLOP/s).
+    constexpr bool early_dq = kTmaDq && kPrev;
     if constexpr (early_dq) {
       mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
       wgmma_fence();
@@ -396,29 +468,38 @@ namespace flashcos::cuda {
 
 // The warp-specialised backward, or cudaErrorNotSupported where the TMA unit cannot address the
 // inputs (the caller then runs another kernel). The delta kernel has run.
-template <typename T, int D, int BM, bool kEarlyDq>
+template <typename T, int D, int BM, bool kTmaDq>
 cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
-  using Tile = hopper::BwdWsTile<D, BM>;
+  if constexpr (kTmaDq && hopper::BwdWsTile<D, BM, false>::kNQ != 64) {
+    return launch_bwd_hopper_ws<T, D, BM, false>(p, stream);  // the 64-row d64 step (tuning variant 1)
+  }
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
+  // The deterministic mode keeps the consumers' ordered adds (no TMA reduction of dQ).
+  const bool det = p.dq_semaphore != nullptr;
+  const bool tma_dq = kTmaDq && !det;
   hopper::BwdTmaMaps maps;
   const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
   const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
   const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
   const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
-  if (make_sw128_tile_map(&maps.q, q, Tile::kBM) != cudaSuccess ||
-      make_sw128_tile_map(&maps.dout, dout, Tile::kBM) != cudaSuccess ||
-      make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
-      make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
+  constexpr int kBN = hopper::BwdWsTile<D, BM, false>::kBN;
+  if (make_sw128_tile_map(&maps.q, q, BM) != cudaSuccess || make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
+      make_sw128_tile_map(&maps.k, k, kBN) != cudaSuccess || make_sw128_tile_map(&maps.v, v, kBN) != cudaSuccess ||
+      (tma_dq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, D, 64) != cudaSuccess)) {
     return cudaErrorNotSupported;
   }
-  const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
+  const int64_t blocks = (int64_t(p.J) + kBN - 1) / kBN * p.Hkv * p.B;
   if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
-  auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kEarlyDq>
-                                          : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kEarlyDq>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
-  if (err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream>>>(maps, p);
-  return cudaGetLastError();
+  auto launch = [&](auto kernel, size_t smem) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+    kernel<<<dim3(unsigned(blocks)), hopper::BwdWsTile<D, BM, false>::kThreads, smem, stream>>>(maps, p);
+    return cudaGetLastError();
+  };
+  if (det)
+    return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, true, false>, hopper::BwdWsTile<D, BM, false>::kSmem);
+  return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>,
+                hopper::BwdWsTile<D, BM, kTmaDq>::kSmem);
 }
 
 }  // namespace flashcos::cuda

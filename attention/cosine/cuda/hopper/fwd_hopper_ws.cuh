@@ -69,7 +69,10 @@ struct FwdWsTile {
   static constexpr size_t kSmem = size_t(kQBytes) + size_t(kStages) * (kKBytes + kVStride) + kOnesTotal +
                                   (2 * kStages + 1) * sizeof(uint64_t) + kSw128Atom;
   static_assert(kSmem <= 227 * 1024, "shared memory");
-  static_assert(128 * (kProducerRegs + kWG * kConsumerRegs) <= 65536, "register file");
+  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (65536 / threads,
+  // rounded down to 8 per thread); asking for more makes the consumers' setmaxnreg.inc wait forever.
+  static_assert(128 * (kProducerRegs + kWG * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
+                "registers allocated at launch");
 };
 
 // The two 16-bit values of a packed pair, summed in fp32.

@@ -40,6 +40,38 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
 #endif
 }
 
+// Adds the fp32 box at `src` (shared memory, laid out as `map`'s swizzle) into the box of `map` at
+// (c0 .. c3) in global memory (cp.reduce.async.bulk.tensor, add); elements past the tensor's end are
+// dropped. Completion is tracked by bulk groups: bulk_commit, then bulk_wait_read<0> before `src` is
+// rewritten and bulk_wait<0> before the writes must have landed.
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2,
+                                                  int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // Brings a tensor map (a __grid_constant__ kernel parameter) into the TMA unit's cache ahead of its
 // first use.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {

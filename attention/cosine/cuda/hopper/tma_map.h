@@ -30,6 +30,12 @@ struct Sw128TileTensor {
 // TMA unit cannot address (dtype, alignment, strides, sizes) or a driver without the entry point.
 cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int box_rows);
 
+// Fills `map` for boxes of `box_rows` (1..256) rows x 32 columns of a contiguous fp32 (B, H, rows, D)
+// tensor, 128-byte swizzled (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16): the dQ
+// accumulator of the Hopper backward, added to by TMA reductions. cudaErrorInvalidValue as above.
+cudaError_t make_f32_sw128_map(CUtensorMap* map, void* base, int64_t B, int64_t H, int64_t rows, int64_t D,
+                               int box_rows);
+
 // Loads the (64 rows x D) tile of head (b, h) starting at row0 twice, by TMA and by
 // load_tile_sw128's cp.async, into shared memory and counts the bytes that differ (written to
 // *mismatches, a host pointer), and the nonzero bytes of the TMA tile's rows past `rows`
