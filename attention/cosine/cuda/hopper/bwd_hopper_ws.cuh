@@ -81,7 +81,6 @@ template <typename T, int D, int BM, bool kDet, bool kTmaDq>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!(kDet && kTmaDq), "the deterministic order is kept by the consumers' own adds");
   using Tile = BwdWsTile<D, BM, kTmaDq>;
   constexpr int kBN = Tile::kBN, kBM = Tile::kBM;
   constexpr int kKT = D / 16;
@@ -160,14 +159,31 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (kTmaDq && warp == 1 && lane == 0) {
       // dQ: each consumer's part of step k, added to the accumulator by a TMA reduction once the
       // consumer stored it; the buffer is handed back once the reduction has read it.
+      // Deterministic (kDet): a unit's reduction waits until every lower key block counted its own
+      // (dq_semaphore.cuh), and this block counts a unit once its reduction has completed, which
+      // it checks one unit later (bulk_wait<1>) so that the wait overlaps the next unit's.
       tma_prefetch_map(&maps.dq);
+      int* pending = nullptr;  // kDet: the unit whose reduction was issued last, still to count
+      auto count_pending = [&] {
+        if (pending == nullptr) return;
+        fence_proxy_async_global();
+        __threadfence();
+        dq_unit_done(pending);
+        pending = nullptr;
+      };
       for (int k = 0; k < n_iters; ++k) {
         const int h = step_h(k), m0 = step_m0(k);
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           mbar_wait(bar_dq_full + cc, k & 1);
           const int row0 = m0 + (kSplitRows ? 64 * cc : 0), col0 = kSplitRows ? 0 : 64 * cc;
+          int* counter = nullptr;
           if (row0 < I) {
+            if constexpr (kDet) {
+              counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0);
+              dq_unit_wait(counter, kSplitRows ? n_block : 2 * n_block);  // 64-row steps: both halves count
+              fence_proxy_async_global();
+            }
 #pragma unroll
             for (int box = 0; box < 2; ++box)
               tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
@@ -176,9 +192,15 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
           bulk_commit();
           bulk_wait_read<0>();
           mbar_arrive(bar_dq_empty + cc);
+          if constexpr (kDet) {
+            bulk_wait<1>();  // every reduction but this one has completed
+            count_pending();
+            pending = counter;
+          }
         }
       }
       bulk_wait<0>();
+      if constexpr (kDet) count_pending();
       return;
     }
     if (warp != 0) return;
@@ -443,7 +465,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_wait<0>();
     fence_regs(rdQ);
     flush_dq(last);
-    if (kDet) count_unit(last);
+    if (kDet && !kTmaDq) count_unit(last);
   }
 
 #pragma unroll
@@ -474,9 +496,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     return launch_bwd_hopper_ws<T, D, BM, false>(p, stream);  // the 64-row d64 step (tuning variant 1)
   }
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
-  // The deterministic mode keeps the consumers' ordered adds (no TMA reduction of dQ).
   const bool det = p.dq_semaphore != nullptr;
-  const bool tma_dq = kTmaDq && !det;
+  const bool tma_dq = kTmaDq;
   hopper::BwdTmaMaps maps;
   const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
   const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
@@ -497,7 +518,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     return cudaGetLastError();
   };
   if (det)
-    return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, true, false>, hopper::BwdWsTile<D, BM, false>::kSmem);
+    return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq>, hopper::BwdWsTile<D, BM, kTmaDq>::kSmem);
   return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>,
                 hopper::BwdWsTile<D, BM, kTmaDq>::kSmem);
 }

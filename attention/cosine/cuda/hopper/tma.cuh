@@ -72,6 +72,14 @@ __device__ __forceinline__ void bulk_wait() {
 #endif
 }
 
+// Orders this thread's global-memory accesses through the generic proxy (loads, atomics, fences)
+// with its accesses through the async proxy (TMA reductions), both ways.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // Brings a tensor map (a __grid_constant__ kernel parameter) into the TMA unit's cache ahead of its
 // first use.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
