@@ -25,7 +25,10 @@
 // that dV uses (unpacked from its A fragments), so the fp32 P dies once packed and the consumers fit
 // 240 registers without spills; and with kTmaDq, dQ(it - 1) is issued right behind dK(it) (with
 // the atomics it stays after dV / dK: issued early it gained nothing). kTmaDq is the default
-// (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh); the deterministic mode keeps the consumers' ordered atomics.
+// (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh). Deterministic mode (kDet) with kTmaDq: the producer's dQ
+// warp keeps the key-block order of the adds (it waits on the unit's counter before the reduction
+// and counts the unit once the reduction has completed); without kTmaDq the consumers order their
+// atomics as bwd_hopper.cuh does.
 #pragma once
 
 #include <cuda.h>
