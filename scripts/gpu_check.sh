@@ -22,8 +22,8 @@
 # d128's row sums added from the packed P instead of an n8 wgmma), forward only, bf16
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
 # bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh): the attention
-# grid and the deterministic tests under each of BWD_GRID_KINDS (default cp), then backward only, bf16 /
-# fp16, d64 / d128, n 8192 / 16384, causal or not, for each of BWD_KINDS (default "cp ws"),
+# grid and the deterministic tests under each of BWD_GRID_KINDS (default ws-atomic), then backward only,
+# bf16 / fp16, d64 / d128, n 8192 / 16384, causal or not, for each of BWD_KINDS (default "ws-atomic ws"),
 # BWDKINDS_ROUNDS (default 2) rounds. The table lists TFLOP/s in that order. STEP_TIMEOUT: seconds
 # allowed to each of these commands (none by default).
 # determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
@@ -290,13 +290,13 @@ if has fwdkinds; then
 fi
 
 if has bwdkinds; then
-  for kind in ${BWD_GRID_KINDS:-cp}; do
+  for kind in ${BWD_GRID_KINDS:-ws-atomic}; do
     FLASHCOS_HOPPER_BWD=$kind ${STEP_TIMEOUT:+timeout $STEP_TIMEOUT} "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*:*Determin*' \
         > "$LOG/grid_bwd_$kind.log" 2>&1
     row "grid FLASHCOS_HOPPER_BWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_bwd_$kind.log")"
   done
   for c in "" "--causal"; do
-    for kind in ${BWD_KINDS:-cp ws}; do
+    for kind in ${BWD_KINDS:-ws-atomic ws}; do
       FLASHCOS_HOPPER_BWD=$kind ${STEP_TIMEOUT:+timeout $STEP_TIMEOUT} "$TRAIN" bench $c --impls fused --only-backwards --dtype bf16,fp16 --dim-head 64,128 \
           --seq-lens 8192,16384 --batch 4 --heads 8 --rounds "${BWDKINDS_ROUNDS:-2}" > "$LOG/bwdkind_${kind}${c}.log" 2>&1
       row "bwd $kind ${c:-full} (TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/bwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"

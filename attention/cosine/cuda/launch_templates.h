@@ -18,7 +18,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);  // bwd_kernel.
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream);  // hopper/fwd_hopper.cuh
 template <typename T, int D>
-cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream);  // hopper/bwd_hopper.cuh
+cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream);  // hopper/bwd_hopper.cuh; cudaErrorNotSupported: use launch_bwd
 template <typename T, int D>
 cudaError_t launch_simt_fwd(const FwdParams& p, cudaStream_t stream);  // simt_kernels.cuh
 template <typename T, int D>

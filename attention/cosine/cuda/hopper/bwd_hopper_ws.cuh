@@ -1,34 +1,48 @@
-// Warp-specialised backward of cosine-sim attention on Hopper (sm_90a): a producer warp loads by
-// TMA, two consumer warpgroups only compute. Same math, coverage, scratch and outputs as
-// bwd_hopper.cuh (read its header first): per step of kBM query rows of one query head,
-//   S^T = K_w Q^T, dP^T = V_w dO^T, P^T = exp2(S^T scale log2e + c_i), dS^T = P^T (dP^T - D_i),
-//   dV += P^T dO, dK += dS^T Q, dQ += dS K (a step late: it needs both warpgroups' dS^T),
-// with dK, dV in registers over the whole query loop and dQ added to the fp32 accumulator.
+// Backward of cosine-sim attention on Hopper (sm_90a, wgmma), fp16 / bf16, d 64 / 128, warp
+// specialised: a producer warp loads by TMA, two consumer warpgroups only compute.
 //
-// CTA: warpgroup 0 is the producer (setmaxnreg leaves it 24 registers; its warp 0 loads, the
-// others exit), warpgroups 1 and 2 the consumers (240 registers each), consumer c owning keys
-// n0 + 64 c .. n0 + 64 c + 63. What the producer does per step `it` (stage it % kStages):
+// Same math and scratch as bwd_kernel.cuh (read its header first); a key mask or none, no bias
+// (launch.cu sends that to the sm_80 kernels). One CTA owns kBN = 128 keys of one (b, kv head) and
+// loops over every query head of the group and every block of kBM (128 for d 64, 64 for d 128)
+// query rows. Consumer c owns keys n0 + 64 c .. n0 + 64 c + 63 and, per step it:
+//   S^T = K_c Q^T, dP^T = V_c dO^T      wgmma, A (K-major) and B (K-major) from shared memory, as
+//                                        two groups: P^T is computed while dP^T runs
+//   P^T = exp2(S^T scale log2e + c_i)   in registers, packed to 16-bit A fragments; dV += P^T dO
+//                                        issued at once (A from registers, B = dO N-major)
+//   dS^T = P^T (dP^T - D_i)             from the 16-bit P that dV uses (unpacked from its
+//                                        fragments: the fp32 P dies once packed, which is what lets
+//                                        the consumers fit 240 registers), to shared memory
+//                                        (swizzled, buffer it % 2); dK += dS^T Q (B = Q N-major)
+//   dQ(it - 1) = dS(it - 1) K            wgmma, A = dS (M-major, the dS^T tile), B = K N-major;
+//                                        128-row steps: rows 64c .. 64c + 63 of the tile, 64-row
+//                                        steps: every row, half the columns
+// dQ needs both consumers' dS^T, so it runs a step late, and nothing else ties the consumers
+// together: there is no CTA-wide barrier in the loop, and while one computes P / dS the other's
+// MMAs keep the tensor cores busy (consumer 1 starts half a step late). dK, dV stay in registers for
+// the whole loop (no atomics for grouped heads).
+//
+// CTA: warpgroup 0 is the producer (setmaxnreg leaves it 24 registers; its warp 0 loads, warp 1
+// adds dQ, the others exit), warpgroups 1 and 2 the consumers (240 registers each). The producer's
+// warp 0, per step `it` (stage it % kStages):
 //   row stats c_i, D_i: plain loads into registers before it waits for the stage (rows past I get
 //     c_i = -inf, so P = 0), stores to shared memory, then every lane arrives on full[s];
 //   Q, dO: TMA tile loads (rows past I come back as zeros) counted by lane 0's expect_tx.
-// K and V come once, by TMA, on bar_kv. kTmaDq: the consumers store their part of dQ(it) to a
-// staging tile in shared memory instead of adding it with atomics, and the producer's warp 1 adds
-// the tile to the fp32 accumulator with a TMA reduction (cp.reduce.async.bulk.tensor .add); two
-// tiles (one per consumer) take the place of the third Q / dO stage. mbarriers:
+// K and V come once, by TMA, on bar_kv. dQ (kTmaDq, the default): each consumer stores its part of
+// dQ(it) (64 x 64 fp32, scale folded in) to a staging tile in shared memory, and the producer's warp 1
+// adds the tile to the zeroed fp32 accumulator with a TMA reduction (cp.reduce.async.bulk.tensor
+// .add); the two tiles take the place of a third Q / dO stage, and with no atomics left in the
+// consumers dQ(it - 1) is issued right behind dK(it). Without kTmaDq (FLASHCOS_HOPPER_BWD=ws-atomic)
+// the consumers add dQ with vector atomics after dV / dK completed. mbarriers:
 //   bar_kv       K, V landed (transaction count)
 //   full[s]      Q, dO of stage s landed and the producer's 32 lanes stored the row stats
 //   empty[s]     the 256 consumer threads are done with stage s (its MMAs completed, stats read)
-//   ds_full / ds_empty   dS^T buffers, as in bwd_hopper.cuh
+//   ds_full[b]   the 256 consumer threads stored step it's dS^T into buffer b = it % 2
+//   ds_empty[b]  the 8 consumer warps whose dQ(it) MMA read it (it is rewritten in step it + 2)
 //   dq_full[c] / dq_empty[c]   kTmaDq: consumer c stored its dQ part / the reduction has read it
-// The consumers' step is bwd_hopper.cuh's, without its cp.async loads (address math and registers
-// that the wgmma accumulators want), with two changes: dS^T = P^T (dP^T - D_i) takes the 16-bit P
-// that dV uses (unpacked from its A fragments), so the fp32 P dies once packed and the consumers fit
-// 240 registers without spills; and with kTmaDq, dQ(it - 1) is issued right behind dK(it) (with
-// the atomics it stays after dV / dK: issued early it gained nothing). kTmaDq is the default
-// (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh). Deterministic mode (kDet) with kTmaDq: the producer's dQ
-// warp keeps the key-block order of the adds (it waits on the unit's counter before the reduction
-// and counts the unit once the reduction has completed); without kTmaDq the consumers order their
-// atomics as bwd_hopper.cuh does.
+// Deterministic mode (kDet, dq_semaphore.cuh): with kTmaDq the producer's dQ warp keeps the
+// key-block order of the adds (it waits on the unit's counter before the reduction and counts the
+// unit once the reduction has completed); without it the consumers order their atomics.
+// Timings of every version: docs/kernels.md, "Hopper family".
 #pragma once
 
 #include <cuda.h>
@@ -61,7 +75,8 @@ struct BwdWsTile {
   static constexpr int kNQ = kSplitRows ? D : D / 2;  // dQ columns per consumer
   static constexpr int kKBytes = kBN * D * 2;
   static constexpr int kQBytes = kBM * D * 2;
-  static constexpr int kSBytes = kBN * kBM * 2;  // dS^T, as bwd_hopper.cuh
+  // dS^T (keys x rows) as BM / 64 blocks of kBN keys x 128 bytes (64 rows), swizzled.
+  static constexpr int kSBytes = kBN * kBM * 2;
   // kTmaDq: each consumer's 64 x 64 fp32 part of dQ, as two SW128 boxes of 64 rows x 32 columns.
   static constexpr int kDqBoxBytes = 64 * 32 * 4;
   static constexpr int kDqTileBytes = 2 * kDqBoxBytes;
@@ -115,7 +130,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint64_t* bar_dq_empty = bar_dq_full + 2;  // the producer's reduction has read it (1 arrival)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
-  // The grid order of bwd_hopper.cuh (see there): causal or deterministic, key block slowest.
+  // Linear grid. Causal: key block slowest, so that every (b, kv head)'s block 0, the one with the
+  // most query rows, is dispatched first instead of the last (b, head)'s long CTAs trailing the
+  // others. Not causal: key block fastest, so that the CTAs running together share one (b, head)'s
+  // Q / dO in L2. Deterministic: key block slowest as well, so that the CTAs running together hold
+  // a few key blocks of many heads and the chain of key blocks that add into one dQ unit in turn
+  // stays a few CTAs long.
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
   const bool block_slowest = p.causal || kDet;
   const unsigned slow = block_slowest ? unsigned(heads_batches) : unsigned(n_blocks);
@@ -272,7 +292,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   for (int i = 0; i < D / 2; ++i) rdK[i] = rdV[i] = 0.f;
   uint32_t rPf[kMT][4], rdSf[kMT][4];
 
-  // Deterministic (kDet): as bwd_hopper.cuh; named barrier 2 + c is the consumer warpgroup's.
+  // Deterministic (kDet) without kTmaDq: this consumer's rows (128-row steps) or columns (64-row
+  // steps) of a unit go in after every lower key block's; named barrier 2 + c is the consumer
+  // warpgroup's. The count of step it's adds waits until the next flush, when their fence finds
+  // them long done.
   auto unit_rows0 = [&](int it) { return step_m0(it) + (kSplitRows ? c * 64 : 0); };
   auto count_unit = [&](int it) {
     if (unit_rows0(it) >= I) return;
@@ -320,7 +343,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
                     rdQ[4 * i + 2 * e0 + 1] * p.scale);
     }
   };
-  // dQ(it) = dS(it) K, as bwd_hopper.cuh's issue_dq.
+  // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row steps:
+  // this consumer's 64 rows (row block c of the tile), every column; 64-row steps: every row, half
+  // the columns (d 64: 64 bytes into the swizzled rows; d 128: the second column block).
   auto issue_dq = [&](int it) {
     const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
     const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
@@ -491,39 +516,38 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 
 namespace flashcos::cuda {
 
-// The warp-specialised backward, or cudaErrorNotSupported where the TMA unit cannot address the
-// inputs (the caller then runs another kernel). The delta kernel has run.
+// The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
+// unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
 template <typename T, int D, int BM, bool kTmaDq>
 cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
   if constexpr (kTmaDq && hopper::BwdWsTile<D, BM, false>::kNQ != 64) {
     return launch_bwd_hopper_ws<T, D, BM, false>(p, stream);  // the 64-row d64 step (tuning variant 1)
-  }
-  constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
-  const bool det = p.dq_semaphore != nullptr;
-  const bool tma_dq = kTmaDq;
-  hopper::BwdTmaMaps maps;
-  const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
-  const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
-  const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
-  const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
-  constexpr int kBN = hopper::BwdWsTile<D, BM, false>::kBN;
-  if (make_sw128_tile_map(&maps.q, q, BM) != cudaSuccess || make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
-      make_sw128_tile_map(&maps.k, k, kBN) != cudaSuccess || make_sw128_tile_map(&maps.v, v, kBN) != cudaSuccess ||
-      (tma_dq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, D, 64) != cudaSuccess)) {
-    return cudaErrorNotSupported;
-  }
-  const int64_t blocks = (int64_t(p.J) + kBN - 1) / kBN * p.Hkv * p.B;
-  if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
-  auto launch = [&](auto kernel, size_t smem) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  } else {
+    constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
+    using Tile = hopper::BwdWsTile<D, BM, kTmaDq>;
+    hopper::BwdTmaMaps maps;
+    const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
+    const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
+    const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
+    const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
+    if (make_sw128_tile_map(&maps.q, q, BM) != cudaSuccess ||
+        make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
+        make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
+        make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess ||
+        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, D, 64) != cudaSuccess)) {
+      return cudaErrorNotSupported;
+    }
+    const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
+    if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
+    cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
-    kernel<<<dim3(unsigned(blocks)), hopper::BwdWsTile<D, BM, false>::kThreads, smem, stream>>>(maps, p);
+    auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq>
+                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
+    if (err != cudaSuccess) return err;
+    kernel<<<dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream>>>(maps, p);
     return cudaGetLastError();
-  };
-  if (det)
-    return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq>, hopper::BwdWsTile<D, BM, kTmaDq>::kSmem);
-  return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>,
-                hopper::BwdWsTile<D, BM, kTmaDq>::kSmem);
+  }
 }
 
 }  // namespace flashcos::cuda
