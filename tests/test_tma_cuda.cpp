@@ -2,7 +2,8 @@
 // with the 128-byte swizzle must be byte for byte the SW128 tile load_tile_sw128 writes with
 // cp.async (the layout the wgmma descriptors read), with rows past the tensor's end zero, for
 // contiguous (B, H, rows, D) tensors and for the strided q / k / v views of a packed QKV
-// projection. Both tests need a compute capability 9.0 device (the tensor-map encoder is the
+// projection; and the fp32 map of the backward's dQ accumulator refuses what TMA cannot address.
+// Every test needs a compute capability 9.0 device (the tensor-map encoder is the
 // driver's); they skip elsewhere.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -61,6 +62,27 @@ TEST(HopperTma, TileMapRefusesWhatTheTmaUnitCannotAddress) {
   EXPECT_TRUE(refused(good, 0));
   EXPECT_TRUE(refused(good, 257));
   EXPECT_EQ(flashcos::cuda::make_sw128_tile_map(nullptr, good, 64), cudaErrorInvalidValue);
+}
+
+// The fp32 map of the backward's dQ accumulator (the TMA reductions' target): a contiguous
+// (B, H, rows, D) float tensor gets a map; what the unit cannot address is refused.
+TEST(HopperTma, Fp32MapRefusesWhatTheTmaUnitCannotAddress) {
+  if (!hopper_device()) GTEST_SKIP() << "needs a compute capability 9.0 GPU (and its driver's tensor-map encoder)";
+  const at::Tensor x = at::zeros({2, 3, 100, 128}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+  CUtensorMap map;
+  void* base = x.data_ptr();
+  ASSERT_EQ(flashcos::cuda::make_f32_sw128_map(&map, base, 2, 3, 100, 128, 64), cudaSuccess);
+  ASSERT_EQ(flashcos::cuda::make_f32_sw128_map(&map, base, 2, 3, 100, 64, 64), cudaSuccess);
+  auto refused = [&](void* b, int64_t rows, int64_t D, int box_rows) {
+    return flashcos::cuda::make_f32_sw128_map(&map, b, 2, 3, rows, D, box_rows) == cudaErrorInvalidValue;
+  };
+  EXPECT_TRUE(refused(static_cast<char*>(base) + 4, 100, 128, 64));  // off 16-byte alignment
+  EXPECT_TRUE(refused(base, 100, 48, 64));                           // not whole 32-column boxes
+  EXPECT_TRUE(refused(base, 0, 128, 64));
+  EXPECT_TRUE(refused(base, 100, 128, 0));
+  EXPECT_TRUE(refused(base, 100, 128, 257));
+  EXPECT_TRUE(refused(nullptr, 100, 128, 64));
+  EXPECT_EQ(flashcos::cuda::make_f32_sw128_map(nullptr, base, 2, 3, 100, 128, 64), cudaErrorInvalidValue);
 }
 
 TEST(HopperTma, TmaTileIsTheCpAsyncSw128Tile) {
