@@ -21,15 +21,21 @@ constexpr int hopper_bwd_rows(int variant) {
   return D == 64 && variant != 1 ? 128 : 64;
 }
 
-// How dQ is added (FLASHCOS_HOPPER_BWD, read once): "ws" (default) by the producer's TMA reductions
-// from shared memory, "ws-atomic" by the consumers' atomics. H100 bf16 b4 h8 n 8192, backward
-// TFLOP/s, d64 / d128 non-causal: ws-atomic 337 / 404, ws 347 / 432 (docs/performance.md).
-inline bool hopper_bwd_tma_dq() {
-  static const bool tma = [] {
+// Which kernel (FLASHCOS_HOPPER_BWD, read once): "ws" (default) dQ added by the producer's TMA
+// reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-ahead" the default
+// with the deterministic mode's counter polled ahead (bwd_hopper_ws.cuh, kDetAhead; not yet run on a
+// GPU). H100 bf16 b4 h8 n 8192, backward TFLOP/s, d64 / d128 non-causal: ws-atomic 337 / 404, ws 347
+// / 432 (docs/performance.md).
+enum class HopperBwdKind { kTma, kAtomic, kTmaDetAhead };
+inline HopperBwdKind hopper_bwd_kind() {
+  static const HopperBwdKind kind = [] {
     const char* env = std::getenv("FLASHCOS_HOPPER_BWD");
-    return env == nullptr || std::string(env) != "ws-atomic";
+    const std::string s = env != nullptr ? env : "";
+    return s == "ws-atomic" ? HopperBwdKind::kAtomic
+           : s == "ws-det-ahead" ? HopperBwdKind::kTmaDetAhead
+                                 : HopperBwdKind::kTma;
   }();
-  return tma;
+  return kind;
 }
 
 // The delta kernel and the backward, or cudaErrorNotSupported (nothing ran) where the TMA unit
@@ -39,8 +45,14 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
   [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
   return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] {
     constexpr int kBM = hopper_bwd_rows<D>(kV);
-    return hopper_bwd_tma_dq() ? launch_bwd_hopper_ws<T, D, kBM, true>(p, stream)
-                               : launch_bwd_hopper_ws<T, D, kBM, false>(p, stream);
+    switch (hopper_bwd_kind()) {
+      case HopperBwdKind::kAtomic:
+        return launch_bwd_hopper_ws<T, D, kBM, false>(p, stream);
+      case HopperBwdKind::kTmaDetAhead:
+        return launch_bwd_hopper_ws<T, D, kBM, true, true>(p, stream);
+      default:
+        return launch_bwd_hopper_ws<T, D, kBM, true>(p, stream);
+    }
   });
 }
 

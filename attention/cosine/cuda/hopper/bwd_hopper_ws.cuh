@@ -95,7 +95,7 @@ struct BwdWsTile {
   static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
 };
 
-template <typename T, int D, int BM, bool kDet, bool kTmaDq>
+template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -185,28 +185,36 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       // Deterministic (kDet): a unit's reduction waits until every lower key block counted its own
       // (dq_semaphore.cuh), and this block counts a unit once its reduction has completed, which
       // it checks one unit later (bulk_wait<1>) so that the wait overlaps the next unit's.
+      // kDetAhead (FLASHCOS_HOPPER_BWD=ws-det-ahead; not yet run on a GPU): the counter is polled
+      // before the consumers' tile is waited for (its latency hides behind their step), completions
+      // are checked two units back, and the count needs no __threadfence (the reduction completed
+      // before it, so the next block's adds come after ours whatever the fences).
       tma_prefetch_map(&maps.dq);
-      int* pending = nullptr;  // kDet: the unit whose reduction was issued last, still to count
-      auto count_pending = [&] {
-        if (pending == nullptr) return;
+      int* pending[2] = {nullptr, nullptr};  // kDet: units reduced and not yet counted, older first
+      auto count = [&](int*& counter) {
+        if (counter == nullptr) return;
         fence_proxy_async_global();
-        __threadfence();
-        dq_unit_done(pending);
-        pending = nullptr;
+        if constexpr (!kDetAhead) __threadfence();
+        dq_unit_done(counter);
+        counter = nullptr;
       };
       for (int k = 0; k < n_iters; ++k) {
         const int h = step_h(k), m0 = step_m0(k);
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
-          mbar_wait(bar_dq_full + cc, k & 1);
           const int row0 = m0 + (kSplitRows ? 64 * cc : 0), col0 = kSplitRows ? 0 : 64 * cc;
           int* counter = nullptr;
+          auto wait_turn = [&] {  // 64-row steps: both halves of a unit count
+            counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0);
+            dq_unit_wait(counter, kSplitRows ? n_block : 2 * n_block);
+            fence_proxy_async_global();
+          };
+          if constexpr (kDet && kDetAhead) {
+            if (row0 < I) wait_turn();
+          }
+          mbar_wait(bar_dq_full + cc, k & 1);
           if (row0 < I) {
-            if constexpr (kDet) {
-              counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0);
-              dq_unit_wait(counter, kSplitRows ? n_block : 2 * n_block);  // 64-row steps: both halves count
-              fence_proxy_async_global();
-            }
+            if constexpr (kDet && !kDetAhead) wait_turn();
 #pragma unroll
             for (int box = 0; box < 2; ++box)
               tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
@@ -216,14 +224,23 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
           bulk_wait_read<0>();
           mbar_arrive(bar_dq_empty + cc);
           if constexpr (kDet) {
-            bulk_wait<1>();  // every reduction but this one has completed
-            count_pending();
-            pending = counter;
+            if constexpr (kDetAhead) {
+              bulk_wait<2>();  // every reduction but the last two has completed
+              count(pending[0]);
+              pending[0] = pending[1];
+            } else {
+              bulk_wait<1>();  // every reduction but this one has completed
+              count(pending[1]);
+            }
+            pending[1] = counter;
           }
         }
       }
       bulk_wait<0>();
-      if constexpr (kDet) count_pending();
+      if constexpr (kDet) {
+        count(pending[0]);
+        count(pending[1]);
+      }
       return;
     }
     if (warp != 0) return;
@@ -518,7 +535,7 @@ namespace flashcos::cuda {
 
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
-template <typename T, int D, int BM, bool kTmaDq>
+template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
 cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
   if constexpr (kTmaDq && hopper::BwdWsTile<D, BM, false>::kNQ != 64) {
     return launch_bwd_hopper_ws<T, D, BM, false>(p, stream);  // the 64-row d64 step (tuning variant 1)
@@ -541,7 +558,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
     cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
-    auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq>
+    auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
                                             : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
     if (err != cudaSuccess) return err;
