@@ -85,7 +85,7 @@ struct BwdWsTile {
   static constexpr int kBarriers = 2 * kStages + 9;
   // The CTA gets 168 registers x 384 threads at launch; setmaxnreg only moves them between the
   // warpgroups, so 24 + 2 x 240 is the most (with 32 for the producer the consumers' setmaxnreg.inc
-  // waited forever: a hang on the H100). kTmaDq's producer spills a few bytes at 24.
+  // waited forever: a hang on the H100). The kTmaDq instances spill a few bytes (loop invariants).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr size_t kSmem = size_t(2) * kKBytes + 2 * kStages * size_t(kQBytes) + 2 * size_t(kSBytes) +
