@@ -53,17 +53,17 @@ __device__ __forceinline__ void atomic_add4(float* dst, float4 v) {
   atomicAdd(dst + 3, v.w);
 #endif
 }
-// Launches kernel(params) with `smem` bytes of dynamic shared memory, raising the kernel's limit
+// Launches kernel(params...) with `smem` bytes of dynamic shared memory, raising the kernel's limit
 // first where it is over the default 48 KB (per launch: the attribute belongs to the current
 // device), and returns the first error.
-template <typename Params>
-cudaError_t launch_with_smem(void (*kernel)(Params), dim3 grid, int threads, size_t smem, cudaStream_t stream,
-                             const Params& params) {
+template <typename... Params>
+cudaError_t launch_with_smem(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                             const Params&... params) {
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
   }
-  kernel<<<grid, threads, smem, stream>>>(params);
+  kernel<<<grid, threads, smem, stream>>>(params...);
   return cudaGetLastError();
 }
 

@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   auto step_m0 = [&](int it) { return (m_start + it % per_head) * kBM; };
 
   if (wg == 0) {
-    // Producer: warp 0 loads, the other three warps only give their registers away.
+    // Producer: warp 0 loads, warp 1 adds dQ (kTmaDq), the others only give their registers away.
     regs_dealloc<Tile::kProducerRegs>();
     if (kTmaDq && warp == 1 && lane == 0) {
       // dQ: each consumer's part of step k, added to the accumulator by a TMA reduction once the
@@ -556,14 +556,11 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     }
     const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
-    cudaError_t err = launch_delta<T, float>(p, stream);
+    const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
     auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
                                             : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
-    if (err != cudaSuccess) return err;
-    kernel<<<dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream>>>(maps, p);
-    return cudaGetLastError();
+    return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, p);
   }
 }
 

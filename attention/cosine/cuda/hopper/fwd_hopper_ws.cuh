@@ -46,8 +46,10 @@ struct FwdTmaMaps {
 // or the packed A fragments summed in fp32 (d 128, FLASHCOS_HOPPER_FWD=ws-packed; H100 bf16 n 8192,
 // TFLOP/s: 614 against the n8 wgmma's 660 non-causal, 611 against 638 causal).
 enum class FwdL { kOnesCols, kPackedSum, kOnesMma };
+template <int D>
+constexpr FwdL kDefaultFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
 
-template <int D, FwdL L = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma>
+template <int D, FwdL L = kDefaultFwdL<D>>
 struct FwdWsTile {
   static_assert(D == 64 || D == 128, "the Hopper forward covers head dims 64 and 128");
   static_assert(D == 64 || L != FwdL::kOnesCols, "d 128 has no shared memory for ones columns beside 3 stages");
@@ -61,12 +63,9 @@ struct FwdWsTile {
   static constexpr int kQBytes = kBM * D * 2;
   static constexpr int kKBytes = kBN * D * 2;
   static constexpr int kOnesBytes = kOnesSum ? kBN * kSw128Row : L == FwdL::kOnesMma ? kSw128Atom : 0;  // after the ring
-  static constexpr int kVStride = kKBytes;
-  static constexpr int kOnesTotal = kOnesBytes;
-  static constexpr FwdL kDefaultL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kWG == 3 ? 160 : 240;
-  static constexpr size_t kSmem = size_t(kQBytes) + size_t(kStages) * (kKBytes + kVStride) + kOnesTotal +
+  static constexpr size_t kSmem = size_t(kQBytes) + size_t(kStages) * 2 * kKBytes + kOnesBytes +
                                   (2 * kStages + 1) * sizeof(uint64_t) + kSw128Atom;
   static_assert(kSmem <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (65536 / threads,
@@ -74,19 +73,6 @@ struct FwdWsTile {
   static_assert(128 * (kProducerRegs + kWG * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
                 "registers allocated at launch");
 };
-
-// The two 16-bit values of a packed pair, summed in fp32.
-template <typename T>
-__device__ __forceinline__ float sum_pair(uint32_t x);
-template <>
-__device__ __forceinline__ float sum_pair<__nv_bfloat16>(uint32_t x) {
-  return __uint_as_float(x << 16) + __uint_as_float(x & 0xffff0000u);
-}
-template <>
-__device__ __forceinline__ float sum_pair<__half>(uint32_t x) {
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));
-  return f.x + f.y;
-}
 
 template <typename T, int D, bool kOverlap, FwdL L>
 __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
@@ -105,9 +91,9 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
   unsigned char* smem = smem_raw + (((raw_addr + kSw128Atom - 1) & ~uint32_t(kSw128Atom - 1)) - raw_addr);
   unsigned char* sQ = smem;
   unsigned char* sK = sQ + Tile::kQBytes;                   // kStages x kKBytes
-  unsigned char* sV = sK + kStages * Tile::kKBytes;         // kStages x kVStride
-  unsigned char* sOnes = sV + kStages * Tile::kVStride;     // kOnesCols, kOnesMma
-  uint64_t* bar_q = reinterpret_cast<uint64_t*>(sOnes + Tile::kOnesTotal);
+  unsigned char* sV = sK + kStages * Tile::kKBytes;         // kStages x kKBytes
+  unsigned char* sOnes = sV + kStages * Tile::kKBytes;      // kOnesCols, kOnesMma
+  uint64_t* bar_q = reinterpret_cast<uint64_t*>(sOnes + Tile::kOnesBytes);
   uint64_t* bar_full = bar_q + 1;
   uint64_t* bar_empty = bar_full + kStages;
 
@@ -148,7 +134,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
 #pragma unroll
         for (int blk = 0; blk < D / 64; ++blk) {
           tma_load_4d(sK + s * Tile::kKBytes + blk * kBlock, &maps.k, blk * 64, j * kBN, hkv, b, bar_full + s);
-          tma_load_4d(sV + s * Tile::kVStride + blk * kBlock, &maps.v, blk * 64, j * kBN, hkv, b, bar_full + s);
+          tma_load_4d(sV + s * Tile::kKBytes + blk * kBlock, &maps.v, blk * 64, j * kBN, hkv, b, bar_full + s);
         }
       }
     }
@@ -192,7 +178,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
     }
   };
   auto issue_pv = [&](const uint32_t (&rP)[kPT][4], int stage) {
-    const uint32_t aVs = aV + stage * Tile::kVStride;
+    const uint32_t aVs = aV + stage * Tile::kKBytes;
     const uint32_t lbo = Tile::kOnesSum ? aOnes - aVs : uint32_t(kBlock);
 #pragma unroll
     for (int kk = 0; kk < kPT; ++kk) {
@@ -248,8 +234,11 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
     for (int kk = 0; kk < kPT; ++kk) {
       acc_to_frag<T>(rP[kk], rS, kk);
       if constexpr (L == FwdL::kPackedSum) {
-        rLr[0] += sum_pair<T>(rP[kk][0]) + sum_pair<T>(rP[kk][2]);
-        rLr[1] += sum_pair<T>(rP[kk][1]) + sum_pair<T>(rP[kk][3]);
+        // The two 16-bit values of each packed pair, summed in fp32.
+        const float2 p0 = unpack2<T>(rP[kk][0]), p1 = unpack2<T>(rP[kk][1]);
+        const float2 p2 = unpack2<T>(rP[kk][2]), p3 = unpack2<T>(rP[kk][3]);
+        rLr[0] += (p0.x + p0.y) + (p2.x + p2.y);
+        rLr[1] += (p1.x + p1.y) + (p3.x + p3.y);
       }
     }
   };
@@ -358,7 +347,7 @@ namespace flashcos::cuda {
 
 // The warp-specialised forward, or cudaErrorNotSupported where the TMA unit cannot address the
 // inputs (the caller then runs fwd_hopper.cuh's kernel).
-template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::FwdWsTile<D>::kDefaultL>
+template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL<D>>
 cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   using Tile = hopper::FwdWsTile<D, L>;
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
@@ -371,12 +360,9 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
       make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
     return cudaErrorNotSupported;
   }
-  auto kernel = hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmem));
-  if (err != cudaSuccess) return err;
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
-  kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(maps, p);
-  return cudaGetLastError();
+  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L>, grid, Tile::kThreads, Tile::kSmem, stream,
+                          maps, p);
 }
 
 }  // namespace flashcos::cuda
