@@ -112,9 +112,8 @@ struct Buffer {
   }
 };
 
-struct FileCloser {
-  void operator()(FILE* f) const { std::fclose(f); }
-};
+using detail::ends_with;
+using detail::FileCloser;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -153,10 +152,6 @@ void read_file(const std::string& path, Buffer* out) {
 
 bool is_gzip(const Buffer& b) { return b.size >= 2 && b.data[0] == 0x1f && b.data[1] == 0x8b; }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // A file named *.gz that does not start with the gzip magic bytes (1f 8b) would otherwise be
 // trained on as raw bytes: name what it looks like instead.
 void require_gzip_magic(const std::string& path, const Buffer& b) {
@@ -183,12 +178,7 @@ void require_gzip_magic(const std::string& path, const Buffer& b) {
 // Inflates a gzip file (one or more members) held in `in` into `out`, in large chunks straight
 // into one buffer sized from the ISIZE trailer (uncompressed size mod 2^32) as a hint.
 void gunzip(const std::string& path, const Buffer& in, Buffer* out) {
-  auto corrupt = [&](const std::string& why) {
-    return std::runtime_error(strf(
-        "data file '%s' is a truncated or corrupt gzip file (%s, %zu compressed bytes): "
-        "download it again, check it with `gzip -t`, or %s",
-        path.c_str(), why.c_str(), in.size, kDownloadHint));
-  };
+  auto corrupt = [&](const std::string& why) { return detail::gzip_corrupt(path, why, in.size); };
   size_t hint = 0;
   if (in.size >= 18) {
     const uint8_t* t = in.data + in.size - 4;
@@ -232,16 +222,10 @@ void gunzip(const std::string& path, const Buffer& in, Buffer* out) {
       throw corrupt(strf("%zu bytes of unexpected data after the gzip stream at offset %zu", rest,
                          in_pos));
     }
-    if (rc == Z_NEED_DICT || rc == Z_DATA_ERROR)
-      throw corrupt(zs.msg ? zs.msg : "invalid compressed data");
-    if (rc == Z_MEM_ERROR) throw std::runtime_error(strf("zlib: out of memory inflating '%s'", path.c_str()));
-    if (rc == Z_BUF_ERROR || rc == Z_OK) {
-      // Z_BUF_ERROR means no progress was possible: with output room left, the input ran out.
-      if (in_pos == in.size && zs.avail_out > 0)
-        throw corrupt(strf("the stream ends early after %zu decompressed bytes", out->size));
-      continue;
-    }
-    throw corrupt(strf("zlib error %d", rc));
+    detail::check_inflate(rc, zs.msg, path, in.size);
+    // Z_BUF_ERROR means no progress was possible: with output room left, the input ran out.
+    if (in_pos == in.size && zs.avail_out > 0)
+      throw corrupt(strf("the stream ends early after %zu decompressed bytes", out->size));
   }
 }
 
@@ -307,6 +291,20 @@ std::string to_string(const SplitSpec& s) {
 }
 
 namespace detail {
+
+std::runtime_error gzip_corrupt(const std::string& path, const std::string& why, size_t compressed_bytes) {
+  return std::runtime_error(strf("data file '%s' is a truncated or corrupt gzip file (%s, %zu compressed bytes): "
+                                 "download it again, check it with `gzip -t`, or %s",
+                                 path.c_str(), why.c_str(), compressed_bytes, kDownloadHint));
+}
+
+void check_inflate(int rc, const char* msg, const std::string& path, size_t compressed_bytes) {
+  if (rc == Z_OK || rc == Z_BUF_ERROR) return;
+  if (rc == Z_NEED_DICT || rc == Z_DATA_ERROR)
+    throw gzip_corrupt(path, msg ? msg : "invalid compressed data", compressed_bytes);
+  if (rc == Z_MEM_ERROR) throw std::runtime_error(strf("zlib: out of memory inflating '%s'", path.c_str()));
+  throw gzip_corrupt(path, strf("zlib error %d", rc), compressed_bytes);
+}
 
 SplitSizes resolve_split_sizes(const std::string& path, const SplitSpec& split, int64_t n, bool gzip,
                                int64_t min_split_bytes) {

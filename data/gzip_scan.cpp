@@ -1,6 +1,6 @@
-// Streaming gzip inflate keeping one byte range (gzip_scan.h). The same member / padding / error
-// rules as corpus.cpp's gunzip, which inflates into memory instead; the messages match it word
-// for word so a bad corpus reads the same whichever command met it first.
+// Streaming gzip inflate keeping one byte range (gzip_scan.h). The same member / padding rules as
+// corpus.cpp's gunzip, which inflates into memory instead; the errors come from the same helpers
+// (corpus_detail.h) so a bad corpus reads the same whichever command met it first.
 #include "data/gzip_scan.h"
 
 #include <fcntl.h>
@@ -66,12 +66,7 @@ int64_t scan_gzip(const std::string& path, int64_t from, int64_t n, uint8_t* dst
   struct stat st {};
   const size_t compressed = ::fstat(fd, &st) == 0 ? static_cast<size_t>(st.st_size) : 0;
   (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  auto corrupt = [&](const std::string& why) {
-    return std::runtime_error(strf(
-        "data file '%s' is a truncated or corrupt gzip file (%s, %zu compressed bytes): "
-        "download it again, check it with `gzip -t`, or %s",
-        path.c_str(), why.c_str(), compressed, kDownloadHint));
-  };
+  auto corrupt = [&](const std::string& why) { return detail::gzip_corrupt(path, why, compressed); };
   std::unique_ptr<uint8_t[]> in(new uint8_t[kBuf]), out(new uint8_t[kBuf]);
 
   z_stream zs{};
@@ -126,15 +121,10 @@ int64_t scan_gzip(const std::string& path, int64_t from, int64_t n, uint8_t* dst
       throw corrupt(strf("%zu bytes of unexpected data after the gzip stream at offset %zu",
                          compressed - static_cast<size_t>(at), static_cast<size_t>(at)));
     }
-    if (rc == Z_NEED_DICT || rc == Z_DATA_ERROR) throw corrupt(zs.msg ? zs.msg : "invalid compressed data");
-    if (rc == Z_MEM_ERROR) throw std::runtime_error(strf("zlib: out of memory inflating '%s'", path.c_str()));
-    if (rc == Z_BUF_ERROR || rc == Z_OK) {
-      // Z_BUF_ERROR means no progress was possible: with output room left, the input ran out.
-      if (eof && zs.avail_in == 0 && zs.avail_out > 0)
-        throw corrupt(strf("the stream ends early after %zu decompressed bytes", static_cast<size_t>(out_total)));
-      continue;
-    }
-    throw corrupt(strf("zlib error %d", rc));
+    detail::check_inflate(rc, zs.msg, path, compressed);
+    // Z_BUF_ERROR means no progress was possible: with output room left, the input ran out.
+    if (eof && zs.avail_in == 0 && zs.avail_out > 0)
+      throw corrupt(strf("the stream ends early after %zu decompressed bytes", static_cast<size_t>(out_total)));
   }
   return out_total;
 }

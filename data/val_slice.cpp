@@ -22,13 +22,8 @@ namespace {
 
 enum class Kind { kRaw, kGzip, kOther };
 
-struct FileCloser {
-  void operator()(FILE* f) const { std::fclose(f); }
-};
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
+using detail::ends_with;
+using detail::FileCloser;
 
 // A regular file with the gzip magic (whatever its name), a regular file without it and not named
 // .gz, or anything else (missing, a pipe, a fake .gz, unreadable: load_corpus reports those).
