@@ -154,8 +154,14 @@ CheckpointMeta meta_from_archive(torch::serialize::InputArchive& archive, const 
 // layout, a damaged file, a parameter missing or of another shape): the caller then reads the whole
 // file with libtorch, which loads what it can and otherwise gives the canonical error.
 // FLASHCOS_CHECKPOINT_FULL_READ=1 skips it (for comparisons).
-std::optional<GPT> load_weights_only(const std::string& path, CheckpointMeta* meta_out,
-                                     const std::function<std::string(const ModelConfig&)>& choose_impl) {
+// The recorded model config with `impl` (when non-empty) as its attention implementation.
+void override_attention_impl(CheckpointMeta& meta, const std::string& impl) {
+  if (impl.empty()) return;
+  meta.model.attention_impl = impl;
+  meta.model.validate();
+}
+
+std::optional<GPT> load_weights_only(const std::string& path, CheckpointMeta* meta_out, const std::string& impl) {
   const char* full = std::getenv("FLASHCOS_CHECKPOINT_FULL_READ");
   if (full && std::string(full) == "1") return std::nullopt;
   std::unique_ptr<WeightsReader> weights;
@@ -166,11 +172,7 @@ std::optional<GPT> load_weights_only(const std::string& path, CheckpointMeta* me
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  const std::string impl = choose_impl ? choose_impl(meta.model) : std::string();
-  if (!impl.empty()) {
-    meta.model.attention_impl = impl;
-    meta.model.validate();
-  }
+  override_attention_impl(meta, impl);
   GPT model(meta.model, /*initialise=*/false);  // every weight comes from the file
   try {
     weights->load_into(model);
@@ -228,34 +230,21 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
 
 GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out,
                const std::string& attention_impl) {
-  return load_model(path, device, meta_out, [&](const ModelConfig&) { return attention_impl; });
-}
-
-GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out,
-               const std::function<std::string(const ModelConfig&)>& choose_impl) {
-  CheckpointMeta fast_meta;
-  if (auto fast = load_weights_only(path, &fast_meta, choose_impl)) {
-    GPT model = *fast;
-    model->to(device);
-    model->eval();
-    if (meta_out) *meta_out = fast_meta;
-    return model;
+  CheckpointMeta meta;
+  std::optional<GPT> model = load_weights_only(path, &meta, attention_impl);
+  if (!model) {
+    // One read of the whole file (the archive holds the optimiser state too: reading it once on
+    // the CPU is the least libtorch's archive allows), then the weights move.
+    auto archive = open_archive(path, torch::kCPU);
+    meta = meta_from_archive(archive, path);
+    override_attention_impl(meta, attention_impl);
+    model.emplace(meta.model, /*initialise=*/false);  // every weight comes from the file
+    load_from_archive(archive, path, *model, nullptr);
   }
-  // One read of the whole file (the archive holds the optimiser state too: reading it once on the
-  // CPU is the least libtorch's archive allows), then the weights move.
-  auto archive = open_archive(path, torch::kCPU);
-  auto meta = meta_from_archive(archive, path);
-  const std::string impl = choose_impl ? choose_impl(meta.model) : std::string();
-  if (!impl.empty()) {
-    meta.model.attention_impl = impl;
-    meta.model.validate();
-  }
-  GPT model(meta.model, /*initialise=*/false);  // every weight comes from the file
-  load_from_archive(archive, path, model, nullptr);
-  model->to(device);
-  model->eval();
+  (*model)->to(device);
+  (*model)->eval();
   if (meta_out) *meta_out = meta;
-  return model;
+  return *model;
 }
 
 }  // namespace flashcos::model

@@ -8,7 +8,6 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include "model/config.h"
@@ -49,11 +48,6 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
 // libtorch's full read as the fallback for anything that reader does not expect.
 GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta = nullptr,
                const std::string& attention_impl = "");
-
-// The same from one read of the file: choose_impl sees the recorded model config and returns the
-// attention implementation to build (empty: the recorded one).
-GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta,
-               const std::function<std::string(const ModelConfig&)>& choose_impl);
 
 // "checkpoints/run" or "checkpoints/run/latest.pt" -> the .pt path.
 std::string resolve_checkpoint_path(const std::string& path_or_dir);

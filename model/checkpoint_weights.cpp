@@ -15,7 +15,7 @@
 
 namespace flashcos::model {
 
-WeightsReader::WeightsReader(const std::string& path) : path_(path) {
+WeightsReader::WeightsReader(const std::string& path) {
   reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
   auto [pickle, pickle_size] = reader_->getRecord("data.pkl");
   size_t pos = 0;

@@ -48,7 +48,6 @@ class WeightsReader {
   at::Tensor tensor_at(const std::string& dotted) const;  // the model's tensor at "a.b.c", filled
   void fill(const at::Tensor& t) const;
 
-  std::string path_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
   c10::IValue model_;  // the "model" object
   std::string meta_;
