@@ -1,5 +1,6 @@
 // A temporary folder of corpus files for the data tests (test_data, test_val_slice): raw and gzip
-// files written by the test, removed (with the folder) after it.
+// files written by the test, removed (with the folder) after it; and the byte pattern and split
+// specs those tests build their corpora and splits from.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,7 +16,30 @@
 #include <string>
 #include <vector>
 
+#include "data/corpus.h"
+
 namespace flashcos::test {
+
+inline uint8_t pos_byte(int64_t i) {  // splitmix64 of the offset: no short run of bytes repeats
+  uint64_t z = uint64_t(i) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint8_t>(z ^ (z >> 31));
+}
+
+// Bytes offset .. offset + n - 1 of the pattern: every slice is unique.
+inline std::vector<uint8_t> pattern(int64_t n, int64_t offset = 0) {
+  std::vector<uint8_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = pos_byte(offset + i);
+  return v;
+}
+
+// A split given as three byte counts.
+inline data::SplitSpec sizes(int64_t a, int64_t b, int64_t c) {
+  data::SplitSpec s;
+  s.sizes = data::SplitSizes{a, b, c};
+  return s;
+}
 
 class CorpusFilesTest : public ::testing::Test {
  protected:

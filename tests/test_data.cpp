@@ -23,27 +23,12 @@ namespace fd = flashcos::data;
 
 namespace {
 
-uint8_t pos_byte(int64_t i) {  // splitmix64 of the offset: no short run of bytes repeats
-  uint64_t z = uint64_t(i) + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return static_cast<uint8_t>(z ^ (z >> 31));
-}
-
-std::vector<uint8_t> pattern(int64_t n, int64_t offset = 0) {
-  std::vector<uint8_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = pos_byte(offset + i);
-  return v;
-}
+using flashcos::test::pattern;
+using flashcos::test::pos_byte;
+using flashcos::test::sizes;
 
 // A fresh temp directory per test, removed with its files afterwards.
 class DataTest : public flashcos::test::CorpusFilesTest {};
-
-fd::SplitSpec sizes(int64_t a, int64_t b, int64_t c) {
-  fd::SplitSpec s;
-  s.sizes = fd::SplitSizes{a, b, c};
-  return s;
-}
 
 void expect_bytes(const at::Tensor& t, int64_t offset, int64_t n) {
   ASSERT_EQ(t.dim(), 1);

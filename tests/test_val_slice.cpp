@@ -24,22 +24,8 @@ namespace fd = flashcos::data;
 
 namespace {
 
-std::vector<uint8_t> pattern(int64_t n) {  // splitmix64 of the offset: every slice is unique
-  std::vector<uint8_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t z = uint64_t(i) + 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    v[static_cast<size_t>(i)] = static_cast<uint8_t>(z ^ (z >> 31));
-  }
-  return v;
-}
-
-fd::SplitSpec sizes(int64_t a, int64_t b, int64_t c) {
-  fd::SplitSpec s;
-  s.sizes = fd::SplitSizes{a, b, c};
-  return s;
-}
+using flashcos::test::pattern;
+using flashcos::test::sizes;
 
 fd::SplitSpec fractions(double a, double b, double c) {
   fd::SplitSpec s;
