@@ -58,12 +58,24 @@ pack() { [ -d "$LOG" ] && tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOG
 trap 'pack; exit 124' TERM
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build tests train bench)
+if [ "${PREBUILT:-0}" = 1 ]; then  # carried binaries: no build step, whatever the list says
+  kept=(); for s in "${steps[@]}"; do [ "$s" != build ] && kept+=("$s"); done; steps=("${kept[@]}")
+fi
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 table=()
 row() { table+=("$(printf '%-34s %s' "$1" "$2")"); }
 # "PASSED n SKIPPED n FAILED n" from a GoogleTest log (the count lines only, not the per-test ones).
 gtest_counts() {
   grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?[.,]' "$1" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+) tests?.*/\1 \2/' | tr '\n' ' '
+}
+
+# Column `col` of the fused rows of a `./train bench` log ("seq_len impl ms TFLOP/s ..."), on one line.
+fused_col() {  # log, col
+  grep -E '^ +[0-9]+ +fused' "$1" | awk -v c="$2" '{print $c}' | tr '\n' ' '
+}
+# The validation bits/char of every eval in a training log, on one line.
+val_bpcs() {  # log
+  grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$1" | awk '{print $5}' | tr '\n' ' '
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOG/gpu.txt" 2>&1
@@ -146,7 +158,7 @@ if has converge; then
     "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --steps "$CONVERGE_STEPS" --validate-every 100 --val-windows 16 \
         --generate-every 0 --save-every 100000 --log-every 50 --checkpoint-dir "$CK" --run conv-$impl $flag \
         > "$LOG/converge_$impl.log" 2>&1
-    row "converge $impl (val bpc by 100s)" "$(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/converge_$impl.log" | awk '{print $5}' | tr '\n' ' ')"
+    row "converge $impl (val bpc by 100s)" "$(val_bpcs "$LOG/converge_$impl.log")"
   done
 fi
 
@@ -160,7 +172,7 @@ quality_run() {  # name, args...
       --checkpoint-dir "$CK" --run "q-$name" "$@" > "$LOG/quality_$name.log" 2>&1
   local rc=$?
   "$TRAIN" eval --checkpoint "$CK/q-$name" --which val --max-windows 64 > "$LOG/quality_${name}_eval.log" 2>&1
-  row "quality $name val bpc /100 steps" "rc $rc: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/quality_$name.log" | awk '{print $5}' | tr '\n' ' ')"
+  row "quality $name val bpc /100 steps" "rc $rc: $(val_bpcs "$LOG/quality_$name.log")"
   row "  $name eval 64 val windows" "$(grep -oE '[0-9.]+ bits/char' "$LOG/quality_${name}_eval.log") $(grep -E 'step [0-9]+/' "$LOG/quality_$name.log" | tail -1 | grep -oE '[0-9.]+k tok/s')"
 }
 if has quality; then
@@ -199,7 +211,7 @@ if has sample; then
       2048-no-graph) sample_run $s 2048 FLASHCOS_DECODE_GRAPH=0 ;;
       2048-raw)  # the corpus unpacked (what data/enwik8 is): no inflating to reach the prime
         raw=$(mktemp); gunzip -c "$DATA" > "$raw" 2>/dev/null || cp "$DATA" "$raw"
-        DATA_SAVED=$DATA; DATA=$raw; sample_run $s 2048; DATA=$DATA_SAVED; rm -f "$raw" ;;
+        DATA=$raw sample_run $s 2048; rm -f "$raw" ;;
       *) sample_run $s "${s%%-*}" ;;
     esac
   done
@@ -231,7 +243,7 @@ if has fastmax; then
         --grad-accum 1 --steps "${FASTMAX_STEPS:-2000}" \
         --validate-every 250 --val-windows 32 --generate-every 0 --save-every 100000 --log-every 100 \
         --checkpoint-dir "$CK" --run fm-$att $extra > "$LOG/fastmax_train_$att.log" 2>&1
-    row "train $att seq 2048 (val bpc)" "rc $?: $(grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/fastmax_train_$att.log" | awk '{print $5}' | tr '\n' ' ')"
+    row "train $att seq 2048 (val bpc)" "rc $?: $(val_bpcs "$LOG/fastmax_train_$att.log")"
   done
 fi
 
@@ -244,7 +256,7 @@ if has tune; then
     for c in "" "--causal"; do
       "$TRAIN" bench $c --impls fused --dtype bf16 --dim-head 64,128 --seq-lens 8192 --batch 4 --heads 8 \
           > "$LOG/tune_v${v}${c}.log" 2>&1
-      res+=" ${c:-full}: $(grep -E '^ +8192  fused' "$LOG/tune_v${v}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
+      res+=" ${c:-full}: $(fused_col "$LOG/tune_v${v}${c}.log" 4)"
     done
     row "tune v$v TFLOP/s d64 fwd,bwd,both; d128" "$res"
   done
@@ -275,7 +287,7 @@ if has hopper; then
 fi
 
 if has fwdkinds; then
-  for kind in ${FWD_GRID_KINDS-ws ws-overlap ws-packed}; do
+  for kind in ${FWD_GRID_KINDS-ws ws-overlap ws-packed}; do  # set and empty: no grid
     FLASHCOS_HOPPER_FWD=$kind "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*' \
         > "$LOG/grid_fwd_$kind.log" 2>&1
     row "grid FLASHCOS_HOPPER_FWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind.log")"
@@ -284,7 +296,7 @@ if has fwdkinds; then
     for kind in cp ws ws-overlap ws-packed; do
       FLASHCOS_HOPPER_FWD=$kind "$TRAIN" bench $c --impls fused --only-forwards --dtype bf16 --dim-head 64,128 \
           --seq-lens 8192 --batch 4 --heads 8 --rounds 2 > "$LOG/fwdkind_${kind}${c}.log" 2>&1
-      row "fwd $kind ${c:-full} (d64, d128 TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/fwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
+      row "fwd $kind ${c:-full} (d64, d128 TFLOP/s)" "$(fused_col "$LOG/fwdkind_${kind}${c}.log" 4)"
     done
   done
 fi
@@ -299,7 +311,7 @@ if has bwdkinds; then
     for kind in ${BWD_KINDS:-ws-atomic ws}; do
       FLASHCOS_HOPPER_BWD=$kind ${STEP_TIMEOUT:+timeout $STEP_TIMEOUT} "$TRAIN" bench $c --impls fused --only-backwards --dtype bf16,fp16 --dim-head 64,128 \
           --seq-lens 8192,16384 --batch 4 --heads 8 --rounds "${BWDKINDS_ROUNDS:-2}" > "$LOG/bwdkind_${kind}${c}.log" 2>&1
-      row "bwd $kind ${c:-full} (TFLOP/s)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/bwdkind_${kind}${c}.log" | awk '{print $4}' | tr '\n' ' ')"
+      row "bwd $kind ${c:-full} (TFLOP/s)" "$(fused_col "$LOG/bwdkind_${kind}${c}.log" 4)"
     done
   done
 fi
@@ -309,7 +321,7 @@ if has determinism; then
     for det in "" "--deterministic"; do
       "$TRAIN" bench $c $det --impls fused --only-backwards --dtype bf16 --dim-head 64,128 --seq-lens 8192 \
           --batch 4 --heads 8 --rounds 2 > "$LOG/bwd${det}${c}.log" 2>&1
-      row "bwd ${c:-full} ${det:-default} (d64, d128 ms)" "$(grep -E '^ +[0-9]+ +fused' "$LOG/bwd${det}${c}.log" | awk '{print $3}' | tr '\n' ' ')"
+      row "bwd ${c:-full} ${det:-default} (d64, d128 ms)" "$(fused_col "$LOG/bwd${det}${c}.log" 3)"
     done
   done
 fi
