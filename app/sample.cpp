@@ -159,6 +159,14 @@ int run_sample(int argc, char** argv) {
     double warm_context = 0, warm_kernels = 0;
     std::promise<c10::Device> device_promise;
     std::future<c10::Device> device_known = device_promise.get_future();
+    // The sample's options; the warm-up below samples 3 bytes with a copy of them, so that it takes
+    // the real prime's path (cache or not, decode or prefill).
+    model::SampleOptions sample_opts;
+    sample_opts.length = length;
+    sample_opts.temperature = r["temperature"].as<double>();
+    sample_opts.filter_thres = r["filter-thres"].as<double>();
+    sample_opts.seed = r["seed"].as<uint64_t>();
+    sample_opts.use_cache = r.count("no-kv-cache") == 0;
     Background warm([&, device_name] {
       auto w_last = std::chrono::steady_clock::now();
       auto lap = [&w_last] {
@@ -201,9 +209,8 @@ int run_sample(int argc, char** argv) {
         tiny->to(dev);
         for (auto& t : tiny->parameters()) t.detach().zero_();
         model::AutocastScope autocast(precision != "fp32", dev.type(), at::kBFloat16);
-        model::SampleOptions so;
+        model::SampleOptions so = sample_opts;
         so.length = 3;
-        so.use_cache = r.count("no-kv-cache") == 0;
         const int64_t real_len = std::min(prime_len, cfg->max_seq_len);
         const int64_t warm_len = model::prime_through_decode(so, *cfg, dev, real_len) ? std::min<int64_t>(real_len, 2) : real_len;
         (void)model::generate(tiny, at::zeros({1, warm_len},
@@ -236,12 +243,7 @@ int run_sample(int argc, char** argv) {
     if (prime_reader) prime_reader->join();
     if (prime_error) std::rethrow_exception(prime_error);
     const auto t_prime = std::chrono::steady_clock::now();
-    model::SampleOptions so;
-    so.length = length;
-    so.temperature = r["temperature"].as<double>();
-    so.filter_thres = r["filter-thres"].as<double>();
-    so.seed = r["seed"].as<uint64_t>();
-    so.use_cache = r.count("no-kv-cache") == 0;
+    const model::SampleOptions& so = sample_opts;
     std::printf("%s", data::decode_bytes(prime).c_str());
     std::fflush(stdout);
     const bool stream = r.count("stream") > 0;
