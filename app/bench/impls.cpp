@@ -170,29 +170,25 @@ Inputs make_inputs(const BenchConfig& cfg, const DtypeSpec& dtype, int64_t dim_h
     const int64_t lead = cfg.bias == "batch" ? cfg.batch : cfg.heads;
     in.bias = (0.5 * at::randn({lead, n, n}, at::TensorOptions().dtype(at::kFloat).device(device))).requires_grad_(true);
   }
-  if (cfg.mask_prob > 0.0) {
-    in.mask = at::rand({cfg.batch, n}, at::TensorOptions().device(device)).ge(cfg.mask_prob);
-    if (need_sdpa_mask && !in.bias.defined()) {
-      at::Tensor m = in.mask.view({cfg.batch, 1, 1, n});
-      if (cfg.causal) {
-        m = m.logical_and(at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device))
-                              .tril()
-                              .view({1, 1, n, n}));
-      }
-      in.sdpa_mask = m.contiguous();
-    }
-  }
-  if (need_sdpa_mask && in.bias.defined()) {
-    // SDPA's float attn_mask is added to the logits: the bias, -inf for masked keys and above the
-    // causal diagonal, in q's dtype (what SDPA expects).
-    at::Tensor m = in.bias.detach().view(cfg.bias == "batch" ? std::vector<int64_t>{cfg.batch, 1, n, n}
-                                                             : std::vector<int64_t>{1, cfg.heads, n, n});
-    const double neg_inf = -std::numeric_limits<double>::infinity();
-    if (in.mask.defined()) m = m.masked_fill(in.mask.logical_not().view({cfg.batch, 1, 1, n}), neg_inf);
+  if (cfg.mask_prob > 0.0) in.mask = at::rand({cfg.batch, n}, at::TensorOptions().device(device)).ge(cfg.mask_prob);
+  if (need_sdpa_mask && (in.mask.defined() || in.bias.defined())) {
+    // keep (B or 1, 1, n or 1, n): the key is not masked out and, causal, not above the diagonal
+    // (undefined: everything kept). SDPA gets it as a bool attn_mask, or, with a bias, a float one
+    // added to the logits: the bias with -inf where not kept, in q's dtype (what SDPA expects).
+    at::Tensor keep;
+    if (in.mask.defined()) keep = in.mask.view({cfg.batch, 1, 1, n});
     if (cfg.causal) {
-      m = m.masked_fill(at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1), neg_inf);
+      const at::Tensor lower = at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).tril().view({1, 1, n, n});
+      keep = keep.defined() ? keep.logical_and(lower) : lower;
     }
-    in.sdpa_mask = m.to(dtype.type).contiguous();
+    if (in.bias.defined()) {
+      at::Tensor m = in.bias.detach().view(cfg.bias == "batch" ? std::vector<int64_t>{cfg.batch, 1, n, n}
+                                                               : std::vector<int64_t>{1, cfg.heads, n, n});
+      if (keep.defined()) m = m.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+      in.sdpa_mask = m.to(dtype.type).contiguous();
+    } else {
+      in.sdpa_mask = keep.contiguous();
+    }
   }
   return in;
 }
