@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,18 @@ inline std::vector<uint8_t> pattern(int64_t n, int64_t offset = 0) {
   std::vector<uint8_t> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = pos_byte(offset + i);
   return v;
+}
+
+// The message of the E that f throws (fails the test if none).
+template <class E = std::runtime_error, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
 }
 
 // A split given as three byte counts.

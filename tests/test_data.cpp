@@ -40,17 +40,7 @@ void expect_bytes(const at::Tensor& t, int64_t offset, int64_t n) {
     ASSERT_EQ(p[i], pos_byte(offset + i)) << "byte " << i << " of a split starting at " << offset;
 }
 
-// The message of the std::runtime_error that f throws (fails the test if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a std::runtime_error";
-  return "";
-}
+using flashcos::test::error_of;  // a std::runtime_error's message
 
 #define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "'" << (part) << "' not in: " << (msg)
 
