@@ -17,9 +17,9 @@
 # FLASHCOS_HOPPER=0 (the sm_80 kernels only), then d64 / d128 kernel timings (HOPPER_DTYPES, default
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
-# fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=cp, ws, ws-overlap, ws-packed: the
-# cp.async kernel, the warp-specialised one without and with its overlapped schedule, and that with
-# d128's row sums added from the packed P instead of an n8 wgmma), forward only, bf16
+# fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=ws, ws-overlap, ws-packed: the
+# warp-specialised kernel without and with its overlapped schedule, and that with d128's row sums
+# added from the packed P instead of an n8 wgmma), forward only, bf16
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
 # bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh): the attention
 # grid and the deterministic tests under each of BWD_GRID_KINDS (default ws-atomic), then backward only,
@@ -293,7 +293,7 @@ if has fwdkinds; then
     row "grid FLASHCOS_HOPPER_FWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind.log")"
   done
   for c in "" "--causal"; do
-    for kind in cp ws ws-overlap ws-packed; do
+    for kind in ws ws-overlap ws-packed; do
       FLASHCOS_HOPPER_FWD=$kind "$TRAIN" bench $c --impls fused --only-forwards --dtype bf16 --dim-head 64,128 \
           --seq-lens 8192 --batch 4 --heads 8 --rounds 2 > "$LOG/fwdkind_${kind}${c}.log" 2>&1
       row "fwd $kind ${c:-full} (d64, d128 TFLOP/s)" "$(fused_col "$LOG/fwdkind_${kind}${c}.log" 4)"

@@ -67,11 +67,17 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.B == 0 || p.H == 0 || p.I == 0) return cudaSuccess;
   switch (pick_family(p, !fwd_needs_online(p, p.dtype == DType::kHalf))) {
 #ifdef FLASHCOS_HAS_HOPPER
-    case Family::kHopper:
-      ++g_hopper_launches;
-      return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
+    case Family::kHopper: {
+      const cudaError_t err = FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
         return p.D == 64 ? launch_fwd_hopper<T, 64>(p, stream) : launch_fwd_hopper<T, 128>(p, stream);
       });
+      // cudaErrorNotSupported: the TMA unit cannot address these inputs; the sm_80 kernels run.
+      if (err != cudaErrorNotSupported) {
+        ++g_hopper_launches;
+        return err;
+      }
+      [[fallthrough]];
+    }
 #endif
     case Family::kSm80Mma:
       return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {

@@ -16,7 +16,7 @@ template <typename T, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);  // bwd_kernel.cuh
 // Hopper family (attention/cosine/cuda/hopper/), d 64 / 128 only, built where FLASHCOS_HAS_HOPPER is set.
 template <typename T, int D>
-cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream);  // hopper/fwd_hopper.cuh
+cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream);  // hopper/fwd_hopper.cuh; cudaErrorNotSupported: use launch_fwd
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream);  // hopper/bwd_hopper.cuh; cudaErrorNotSupported: use launch_bwd
 template <typename T, int D>

@@ -1,4 +1,4 @@
-// The Hopper forwards' epilogue (fwd_hopper.cuh, fwd_hopper_ws.cuh): a thread's two rows of O / l,
+// The Hopper forward's epilogue (fwd_hopper_ws.cuh): a thread's two rows of O / l,
 // written in pairs straight from the wgmma accumulators (layout: wgmma.cuh), and the row sums the
 // backward needs.
 //   o_r = O_r / l_r  (l_r = the row sum of the 16-bit P; 0 for an empty row; 1 for the exp kind)

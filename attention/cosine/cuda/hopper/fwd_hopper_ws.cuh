@@ -1,8 +1,12 @@
-// Warp-specialised forward of cosine-sim attention on Hopper (sm_90a): a producer warp loads by
-// TMA, consumer warpgroups only compute. Same math, coverage and outputs as fwd_hopper.cuh (read
-// its header first):
-//   P = exp2(S scale log2e + offset)  (no running max: |q.k| <= 1 bounds the logits)
-//   O = P [V | 1] / l                 (l = the row sums of the 16-bit P, from the ones columns)
+// Forward of cosine-sim attention on Hopper (sm_90a, wgmma), fp16 / bf16, d 64 / 128, warp
+// specialised: a producer warp loads by TMA, consumer warpgroups only compute. Same math as
+// fwd_kernel.cuh (read its header first); a key mask or none, no bias, scales inside the
+// fixed-offset range (launch.cu sends everything else to the sm_80 kernels):
+//   S (64 x kBN) = Q K^T              wgmma, A = Q and B = K from shared memory (K-major)
+//   P = exp2(S scale log2e + offset)  in the accumulators (no running max: |q.k| <= 1 bounds the
+//                                     logits), packed to 16-bit A fragments
+//   O = P [V | 1] / l                 wgmma, A = P from registers, B = V (N-major); l = the row
+//                                     sums of the 16-bit P
 // and the fp32 sum of the unrounded P per row for the backward.
 //
 // CTA: warpgroup 0 is the producer (setmaxnreg gives its registers away; one thread issues every
@@ -11,9 +15,9 @@
 //   bar_q        Q landed (transaction count)
 //   full[s]      K and V of stage s landed (transaction count, the producer's one arrival)
 //   empty[s]     every consumer warp finished reading stage s (4 kWG arrivals)
-// l: d 64 takes the row sums of the 16-bit P from 8 extra O columns, as fwd_hopper.cuh does (the PV
-// wgmma reads its last 8 B columns one descriptor LBO past V, from one shared block of ones: the
-// LBO is chosen per stage). d 128 has no shared memory left for 128 ones rows next to a third
+// l: d 64 takes the row sums of the 16-bit P from 8 extra O columns (the P V wgmma reads its last 8
+// B columns one descriptor LBO past V, from one shared block of ones: the LBO is chosen per stage;
+// the sm_80 kernel does the same with a ones B fragment). d 128 has no shared memory left for 128 ones rows next to a third
 // stage: an extra m64n8k16 wgmma per k-step multiplies P by a 1 KB block of ones (FwdL below). Either
 // way l is the sum of the 16-bit P that P V uses (with the sum of the unrounded P, O of a one-key row
 // would not be exactly v).
@@ -22,8 +26,7 @@
 // block j - 1's P V, so the exp of block j runs while the tensor cores finish P_{j-1} V_{j-1}; and
 // the consumer warpgroups take turns issuing their MMAs (a token passed round a ring of named
 // barriers), so that one warpgroup's exp runs while the others' MMAs occupy the tensor cores.
-// Without kOverlap each warpgroup runs S, exp, P V in sequence (as fwd_hopper.cuh, minus its
-// CTA-wide barrier per key block).
+// Without kOverlap each warpgroup runs S, exp, P V in sequence.
 #pragma once
 
 #include <cuda.h>
@@ -345,8 +348,8 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
 
 namespace flashcos::cuda {
 
-// The warp-specialised forward, or cudaErrorNotSupported where the TMA unit cannot address the
-// inputs (the caller then runs fwd_hopper.cuh's kernel).
+// The warp-specialised forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot
+// address the inputs (the caller then runs the sm_80 kernels).
 template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL<D>>
 cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   using Tile = hopper::FwdWsTile<D, L>;
