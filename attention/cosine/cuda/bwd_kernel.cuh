@@ -288,29 +288,37 @@ __global__ void __launch_bounds__(BwdTile<D, V>::kThreads, BwdTile<D, V>::kMinBl
       gBias = static_cast<const float*>(p.bias) + lead * p.bias_0_stride;
       gdBias = static_cast<float*>(p.dbias_accum) + (p.dbias_per_head ? int64_t(b) * H + h : int64_t(lead)) * I * J;
     }
+    // Blocks with nothing to mask get their own loop: with the test inside every element's
+    // exponential the compiler branches around each of them (see the Hopper backward's note).
+    if (!elementwise) {
 #pragma unroll
-    for (int nt = 0; nt < kMT8; ++nt)
+      for (int nt = 0; nt < kMT8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int e0 = e / 2;
-        const int rl = nt * 8 + 2 * t + (e % 2);  // query row within the block
-        float x = fmaf(rS[nt][e], scale_log2, sRowCs[rl]);
-        bool ok = true;
-        if (elementwise) {
+        for (int e = 0; e < 4; ++e) {
+          const int rl = nt * 8 + 2 * t + (e % 2);
+          const float pe = fast_exp2(fmaf(rS[nt][e], scale_log2, sRowCs[rl]));
+          rdP[nt][e] = pe * (rdP[nt][e] - sDeltas[rl]);
+          rS[nt][e] = pe;
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kMT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int e0 = e / 2;
+          const int rl = nt * 8 + 2 * t + (e % 2);  // query row within the block
+          float x = fmaf(rS[nt][e], scale_log2, sRowCs[rl]);
           const int c = n0 + warp * 16 + g + 8 * e0;
           const int r = m0 + rl;
-          ok = key_ok[e0] && r < I && (!p.causal || c <= r + diag);
+          const bool ok = key_ok[e0] && r < I && (!p.causal || c <= r + diag);
           if (has_bias && ok) x = fmaf(gBias[r * p.bias_i_stride + c * p.bias_j_stride], kLog2e, x);
+          const float pe = ok ? fast_exp2(x) : 0.f;
+          const float ds = pe * (rdP[nt][e] - sDeltas[rl]);
+          rS[nt][e] = pe;
+          rdP[nt][e] = ds;
+          if (has_bias && ok) atomicAdd(gdBias + int64_t(r) * J + c, ds);
         }
-        const float pe = ok ? fast_exp2(x) : 0.f;
-        const float ds = pe * (rdP[nt][e] - sDeltas[rl]);
-        rS[nt][e] = pe;
-        rdP[nt][e] = ds;
-        if (has_bias && ok) {
-          const int c = n0 + warp * 16 + g + 8 * e0;
-          atomicAdd(gdBias + int64_t(m0 + rl) * J + c, ds);
-        }
-      }
+    }
 
     // dV += P^T dO, dK += dS^T Q (k = the kBM query rows); dS^T -> shared memory for dQ.
 #pragma unroll

@@ -22,18 +22,20 @@ constexpr int hopper_bwd_rows(int variant) {
 }
 
 // Which kernel (FLASHCOS_HOPPER_BWD, read once): "ws" (default) dQ added by the producer's TMA
-// reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-ahead" the default
-// with the deterministic mode's counter polled ahead (bwd_hopper_ws.cuh, kDetAhead; not yet run on a
-// GPU). H100 bf16 b4 h8 n 8192, backward TFLOP/s, d64 / d128 non-causal: ws-atomic 337 / 404, ws 347
-// / 432 (docs/performance.md).
-enum class HopperBwdKind { kTma, kAtomic, kTmaDetAhead };
+// reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-serial" the default
+// with the deterministic mode's counter polled only once the consumers' tile is there (kDetAhead
+// off; the default until 2026-11-26). H100 bf16 b4 h8 n 8192, backward TFLOP/s, d64 / d128
+// non-causal: ws-atomic 337 / 404, ws 347 / 432 (docs/performance.md). Deterministic backward time
+// over the default's, d64 / d128, non-causal and causal: ws-det-serial +8.8 % / +60 %, +11.4 % /
+// +30 %; ws (counter polled ahead) +2.7 % / +54 %, +6.5 % / +13.7 % (same call, 2026-11-26).
+enum class HopperBwdKind { kTma, kAtomic, kTmaDetSerial };
 inline HopperBwdKind hopper_bwd_kind() {
   static const HopperBwdKind kind = [] {
     const char* env = std::getenv("FLASHCOS_HOPPER_BWD");
     const std::string s = env != nullptr ? env : "";
     return s == "ws-atomic" ? HopperBwdKind::kAtomic
-           : s == "ws-det-ahead" ? HopperBwdKind::kTmaDetAhead
-                                 : HopperBwdKind::kTma;
+           : s == "ws-det-serial" ? HopperBwdKind::kTmaDetSerial
+                                  : HopperBwdKind::kTma;
   }();
   return kind;
 }
@@ -48,10 +50,10 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
     switch (hopper_bwd_kind()) {
       case HopperBwdKind::kAtomic:
         return launch_bwd_hopper_ws<T, D, kBM, false>(p, stream);
-      case HopperBwdKind::kTmaDetAhead:
-        return launch_bwd_hopper_ws<T, D, kBM, true, true>(p, stream);
+      case HopperBwdKind::kTmaDetSerial:
+        return launch_bwd_hopper_ws<T, D, kBM, true, false>(p, stream);
       default:
-        return launch_bwd_hopper_ws<T, D, kBM, true>(p, stream);
+        return launch_bwd_hopper_ws<T, D, kBM, true, true>(p, stream);
     }
   });
 }

@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       // Deterministic (kDet): a unit's reduction waits until every lower key block counted its own
       // (dq_semaphore.cuh), and this block counts a unit once its reduction has completed, which
       // it checks one unit later (bulk_wait<1>) so that the wait overlaps the next unit's.
-      // kDetAhead (FLASHCOS_HOPPER_BWD=ws-det-ahead; not yet run on a GPU): the counter is polled
+      // kDetAhead (the default; FLASHCOS_HOPPER_BWD=ws-det-serial turns it off): the counter is polled
       // before the consumers' tile is waited for (its latency hides behind their step), completions
       // are checked two units back, and the count needs no __threadfence (the reduction completed
       // before it, so the next block's adds come after ours whatever the fences).
@@ -366,11 +366,17 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   auto issue_dq = [&](int it) {
     const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
     const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
+    // The first k-step defines rdQ (ss_init): with ss(.., 0) the flushed values of the step before
+    // stayed alive in 32 registers through the whole step, which made the consumers spill.
 #pragma unroll
-    for (int kk = 0; kk < kNT; ++kk)
-      Wgmma<T, kNQ>::template ss<1, 1>(rdQ, make_desc(adS + s_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
-                                       make_desc(aK + k_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom),
-                                       kk > 0);
+    for (int kk = 0; kk < kNT; ++kk) {
+      const uint64_t da = make_desc(adS + s_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom);
+      const uint64_t db = make_desc(aK + k_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom);
+      if (kk == 0)
+        Wgmma<T, kNQ>::template ss_init<1, 1>(rdQ, da, db);
+      else
+        Wgmma<T, kNQ>::template ss<1, 1>(rdQ, da, db, 1);
+    }
   };
 
   mbar_wait(bar_kv, 0);
@@ -425,19 +431,34 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();  // S^T
     fence_regs(rS);
+    // P = exp2(S scale log2e + c_i) on every element, then, only in blocks that need it, the
+    // masked-out elements cleared in the packed fragments. (With `ok ? exp2(x) : 0` per element
+    // behind the block test, the compiler branched around every exponential: ncu, H100 d64 causal,
+    // 14 instructions per element instead of 2, half of the consumers' instructions; with a select
+    // per element it precomputed the 64 compares and spilled.) Masked elements are finite or +inf
+    // before they are cleared (keys past J are zero-filled, rows past I have c_i = -inf), so
+    // clearing their bits leaves an exact 0 for dV and dS.
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) {
       const int rl = (i / 4) * 8 + 2 * t + (i % 2);
-      const float x = fmaf(rS[i], scale_log2, sRowCs[rl]);
-      bool ok = true;
-      if (elementwise) {
-        const int col = n0 + key_local0 + 8 * ((i / 2) % 2);
-        ok = key_ok[(i / 2) % 2] && (!p.causal || col <= m0 + rl + diag);
-      }
-      rS[i] = ok ? fast_exp2(x) : 0.f;
+      rS[i] = fast_exp2(fmaf(rS[i], scale_log2, sRowCs[rl]));
     }
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
+    if (elementwise) {
+      // Word j of k-step kk holds elements i = 8 kk + 2 j + h: row rl = (2 kk + j / 2) 8 + 2 t + h,
+      // key n0 + key_local0 + 8 (j % 2).
+      const int causal_lim = p.causal ? m0 + diag - (n0 + key_local0) : (1 << 30);  // ok: 8 e0 <= rl + this
+#pragma unroll
+      for (int kk = 0; kk < kMT; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int e0 = j % 2, rl = (2 * kk + j / 2) * 8 + 2 * t;
+          const uint32_t lo = 8 * e0 <= rl + causal_lim ? 0x0000ffffu : 0u;
+          const uint32_t hi = 8 * e0 <= rl + 1 + causal_lim ? 0xffff0000u : 0u;
+          rPf[kk][j] &= key_ok[e0] ? (lo | hi) : 0u;
+        }
+    }
     wgmma_fence();
     issue_kv_grad(rdV, rPf, adOs);
     wgmma_commit();
