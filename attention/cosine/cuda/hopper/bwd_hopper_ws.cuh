@@ -30,7 +30,8 @@
 // K and V come once, by TMA, on bar_kv. dQ (kTmaDq, the default): each consumer stores its part of
 // dQ(it) (64 x 64 fp32, scale folded in) to a staging tile in shared memory, and the producer's warp 1
 // adds the tile to the zeroed fp32 accumulator with a TMA reduction (cp.reduce.async.bulk.tensor
-// .add); the two tiles take the place of a third Q / dO stage, and with no atomics left in the
+// .add; the consumer hands the tile over at the start of its next step, when the proxy fence finds
+// the stores done); the two tiles take the place of a third Q / dO stage, and with no atomics left in the
 // consumers dQ(it - 1) is issued right behind dK(it). Without kTmaDq (FLASHCOS_HOPPER_BWD=ws-atomic)
 // the consumers add dQ with vector atomics after dV / dK completed. mbarriers:
 //   bar_kv       K, V landed (transaction count)
@@ -320,6 +321,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
     if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, step_h(it), I, unit_rows0(it)));
   };
+  auto hand_off_dq = [&] {
+    fence_proxy_async();
+    mbar_arrive(bar_dq_full + c);
+  };
   auto flush_dq = [&](int it) {
     if constexpr (kTmaDq) {
       // This consumer's part into its staging tile (SW128, fp32: 4 floats per 16-byte chunk), for
@@ -337,8 +342,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
               make_float2(rdQ[4 * i + 2 * e0] * p.scale, rdQ[4 * i + 2 * e0 + 1] * p.scale);
         }
       }
-      fence_proxy_async();
-      mbar_arrive(bar_dq_full + c);
+      // Handed to the producer (fence, dq_full) at the start of the next step, or here after
+      // the last one (hand_off_dq).
       return;
     }
     const int h = step_h(it), m0 = step_m0(it);
@@ -363,6 +368,13 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row steps:
   // this consumer's 64 rows (row block c of the tile), every column; 64-row steps: every row, half
   // the columns (d 64: 64 bytes into the swizzled rows; d 128: the second column block).
+  // Descriptors of the tiles' first bytes; every operand's is one of these plus an offset.
+  const uint64_t ds_desc0 = make_desc(adS, kBN * kSw128Row, kSw128Atom);   // dS (M-major), dQ's A
+  const uint64_t k_desc_n = make_desc(aK, kBN * kSw128Row, kSw128Atom);    // K (N-major), dQ's B
+  const uint64_t k_desc = make_desc(aK, 16, kSw128Atom), v_desc = make_desc(aV, 16, kSw128Atom);  // K-major
+  const uint64_t q_desc_k = make_desc(aQ, 16, kSw128Atom), do_desc_k = make_desc(adO, 16, kSw128Atom);
+  const uint64_t q_desc_n = make_desc(aQ, kBM * kSw128Row, kSw128Atom);    // Q, dO (N-major): dK, dV's B
+  const uint64_t do_desc_n = make_desc(adO, kBM * kSw128Row, kSw128Atom);
   auto issue_dq = [&](int it) {
     const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
     const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
@@ -370,8 +382,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // stayed alive in 32 registers through the whole step, which made the consumers spill.
 #pragma unroll
     for (int kk = 0; kk < kNT; ++kk) {
-      const uint64_t da = make_desc(adS + s_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom);
-      const uint64_t db = make_desc(aK + k_off + kk * 16 * kSw128Row, kBN * kSw128Row, kSw128Atom);
+      const uint64_t da = desc_add(ds_desc0, s_off + kk * 16 * kSw128Row);
+      const uint64_t db = desc_add(k_desc_n, k_off + kk * 16 * kSw128Row);
       if (kk == 0)
         Wgmma<T, kNQ>::template ss_init<1, 1>(rdQ, da, db);
       else
@@ -389,26 +401,27 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     const int m0 = step_m0(it);
     mbar_wait(bar_full + stage, phase);
     if (it == 0 && c == 1) named_bar_sync<1, kConsumerThreads>();  // start half a step after consumer 0
-    const uint32_t aQs = aQ + stage * Tile::kQBytes, adOs = adO + stage * Tile::kQBytes;
     const float* sRowCs = sRowC + stage * kBM;
     const float* sDeltas = sDelta + stage * kBM;
     unsigned char* sdSb = sdS + (it & 1) * Tile::kSBytes;
 
     const bool elementwise = has_mask || wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
     float rS[kBM / 2], rdP[kBM / 2];
-    auto issue_s_dp = [&](float (&acc)[kBM / 2], uint32_t a_base, uint32_t b_base) {
+    auto issue_s_dp = [&](float (&acc)[kBM / 2], uint64_t a_desc, uint64_t b_desc) {
 #pragma unroll
       for (int kk = 0; kk < kKT; ++kk) {
         const uint32_t a_off = (kk / 4) * kBN * kSw128Row + c * 64 * kSw128Row + (kk % 4) * 32;
         const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-        Wgmma<T, kBM>::template ss<0, 0>(acc, make_desc(a_base + a_off, 16, kSw128Atom),
-                                         make_desc(b_base + b_off, 16, kSw128Atom), kk > 0);
+        if (kk == 0)
+          Wgmma<T, kBM>::template ss_init<0, 0>(acc, desc_add(a_desc, a_off), desc_add(b_desc, b_off));
+        else
+          Wgmma<T, kBM>::template ss<0, 0>(acc, desc_add(a_desc, a_off), desc_add(b_desc, b_off), 1);
       }
     };
-    auto issue_kv_grad = [&](float (&acc)[D / 2], const uint32_t (&frag)[kMT][4], uint32_t b_base) {
+    auto issue_kv_grad = [&](float (&acc)[D / 2], const uint32_t (&frag)[kMT][4], uint64_t b_desc) {
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk)
-        Wgmma<T, D>::template rs<1>(acc, frag[kk], make_desc(b_base + kk * 16 * kSw128Row, kBM * kSw128Row, kSw128Atom),
+        Wgmma<T, D>::template rs<1>(acc, frag[kk], desc_add(b_desc, kk * 16 * kSw128Row),
                                     1);
     };
     auto store_ds = [&] {
@@ -425,10 +438,26 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       }
     };
     wgmma_fence();
-    issue_s_dp(rS, aK, aQs);
+    const uint32_t stage_off = stage * Tile::kQBytes;
+    issue_s_dp(rS, k_desc, desc_add(q_desc_k, stage_off));
     wgmma_commit();
-    issue_s_dp(rdP, aV, adOs);
+    issue_s_dp(rdP, v_desc, desc_add(do_desc_k, stage_off));
     wgmma_commit();
+    // The rows' c_i into registers while S^T runs (loaded at their use, their latency stalled
+    // the exponentials: ncu short-scoreboard stalls). Row 8 q + 2 t + h is rc[2 q + h]; with
+XX
+    constexpr int kPre = kBM == 128 ? 4 : kBM / 8;
+    float rc[2 * kPre];
+#pragma unroll
+    for (int q = 0; q < kPre; ++q) {
+      const float2 v = *reinterpret_cast<const float2*>(sRowCs + 8 * q + 2 * t);
+      rc[2 * q] = v.x;
+      rc[2 * q + 1] = v.y;
+    }
+    // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's
+    // reduction now: by here the stores have long completed, and the proxy fence does not wait for
+    // them (right behind them it did: ncu, 7 % of the consumers' stall samples).
+    if (kTmaDq && kPrev && it >= 2) hand_off_dq();
     wgmma_wait<1>();  // S^T
     fence_regs(rS);
     // P = exp2(S scale log2e + c_i) on every element, then, only in blocks that need it, the
@@ -440,8 +469,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // clearing their bits leaves an exact 0 for dV and dS.
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) {
-      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
-      rS[i] = fast_exp2(fmaf(rS[i], scale_log2, sRowCs[rl]));
+      const float ci = i / 4 < kPre ? rc[2 * (i / 4) + i % 2] : sRowCs[(i / 4) * 8 + 2 * t + (i % 2)];
+      rS[i] = fast_exp2(fmaf(rS[i], scale_log2, ci));
     }
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
@@ -460,8 +489,15 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         }
     }
     wgmma_fence();
-    issue_kv_grad(rdV, rPf, adOs);
+    issue_kv_grad(rdV, rPf, desc_add(do_desc_n, stage_off));
     wgmma_commit();
+    float rD[kBM / 4];  // D_i likewise, while dP^T completes
+#pragma unroll
+    for (int q = 0; q < kBM / 8; ++q) {
+      const float2 v = *reinterpret_cast<const float2*>(sDeltas + 8 * q + 2 * t);
+      rD[2 * q] = v.x;
+      rD[2 * q + 1] = v.y;
+    }
     wgmma_wait<1>();  // dP^T (dV may still run)
     fence_regs(rdP);
     if (it == 0 && c == 0) named_bar_arrive<1, kConsumerThreads>();
@@ -469,9 +505,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // the 240-register consumers lack).
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) {
-      const int rl = (i / 4) * 8 + 2 * t + (i % 2);
       const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
-      rdP[i] = (i % 2 ? pp.y : pp.x) * (rdP[i] - sDeltas[rl]);
+      rdP[i] = (i % 2 ? pp.y : pp.x) * (rdP[i] - rD[2 * (i / 4) + i % 2]);
     }
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
@@ -480,7 +515,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     fence_proxy_async();
     mbar_arrive(bar_ds_full + (it & 1));
     wgmma_fence();
-    issue_kv_grad(rdK, rdSf, aQs);
+    issue_kv_grad(rdK, rdSf, desc_add(q_desc_n, stage_off));
     wgmma_commit();
     // kTmaDq: dQ(it - 1) goes in right behind dK, so that the tensor cores are not left idle
     // while this warpgroup waits for dK; otherwise it is issued once dV and dK completed (with the
@@ -530,7 +565,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(rdQ);
+    if (kTmaDq && last >= 1) hand_off_dq();  // dQ(last - 1), flushed in the last step
     flush_dq(last);
+    if (kTmaDq) hand_off_dq();
     if (kDet && !kTmaDq) count_unit(last);
   }
 

@@ -38,6 +38,11 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_byte_addr, uint32_t 
   return desc;
 }
 
+// The descriptor of smem_byte_addr + byte_off from that of smem_byte_addr: one add instead of
+// make_desc's masks and shifts (the 14-bit address field cannot carry into the next one: shared
+// memory ends below 256 KB).
+__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t byte_off) { return desc + (byte_off >> 4); }
+
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
