@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     // The rows' c_i into registers while S^T runs (loaded at their use, their latency stalled
     // the exponentials: ncu short-scoreboard stalls). Row 8 q + 2 t + h is rc[2 q + h]; with
-XX
+    // 128-row steps only the first 32 rows' (more spilled), the rest loaded in the loop.
     constexpr int kPre = kBM == 128 ? 4 : kBM / 8;
     float rc[2 * kPre];
 #pragma unroll
