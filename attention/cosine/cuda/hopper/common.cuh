@@ -41,7 +41,13 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_byte_addr, uint32_t 
 // The descriptor of smem_byte_addr + byte_off from that of smem_byte_addr: one add instead of
 // make_desc's masks and shifts (the 14-bit address field cannot carry into the next one: shared
 // memory ends below 256 KB).
-__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t byte_off) { return desc + (byte_off >> 4); }
+// A 32-bit add on the low word (address and leading byte offset; the high word, stride and
+// swizzle, is a constant): a 64-bit add cost an add with carry and two more uniform moves per
+// wgmma operand.
+__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t byte_off) {
+  const uint32_t lo = uint32_t(desc) + (byte_off >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
 
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -170,22 +170,29 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
   const float scale_log2 = p.scale * kLog2e;
   const float offset_log2 = p.exp_kind ? 0.f : kFwdShiftLog2<T> - scale_log2;
 
+  // Descriptors as a base plus offsets (desc_add); S's first k-step defines rS (ss_init), so the
+  // S of the tile before is not kept alive up to it.
+  const uint64_t q_desc = make_desc(aQ + c * 64 * kSw128Row, 16, kSw128Atom);
+  const uint64_t k_desc = make_desc(aK, 16, kSw128Atom);
   auto issue_s = [&](float (&rS)[kBN / 2], int stage) {
-    const uint32_t aKs = aK + stage * Tile::kKBytes;
+    const uint64_t k_desc_s = desc_add(k_desc, stage * Tile::kKBytes);
 #pragma unroll
     for (int kk = 0; kk < kKT; ++kk) {
-      const uint64_t da = make_desc(aQ + (kk / 4) * kBM * kSw128Row + c * 64 * kSw128Row + (kk % 4) * 32, 16,
-                                    kSw128Atom);
-      const uint64_t db = make_desc(aKs + (kk / 4) * kBlock + (kk % 4) * 32, 16, kSw128Atom);
-      Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);
+      const uint64_t da = desc_add(q_desc, (kk / 4) * kBM * kSw128Row + (kk % 4) * 32);
+      const uint64_t db = desc_add(k_desc_s, (kk / 4) * kBlock + (kk % 4) * 32);
+      if (kk == 0)
+        Wgmma<T, kBN>::template ss_init<0, 0>(rS, da, db);
+      else
+        Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, 1);
     }
   };
   auto issue_pv = [&](const uint32_t (&rP)[kPT][4], int stage) {
     const uint32_t aVs = aV + stage * Tile::kKBytes;
     const uint32_t lbo = Tile::kOnesSum ? aOnes - aVs : uint32_t(kBlock);
+    const uint64_t v_desc = make_desc(aVs, lbo, kSw128Atom);
 #pragma unroll
     for (int kk = 0; kk < kPT; ++kk) {
-      Wgmma<T, kNO>::template rs<1>(rO, rP[kk], make_desc(aVs + kk * 16 * kSw128Row, lbo, kSw128Atom), 1);
+      Wgmma<T, kNO>::template rs<1>(rO, rP[kk], desc_add(v_desc, kk * 16 * kSw128Row), 1);
       if constexpr (L == FwdL::kOnesMma) Wgmma<T, 8>::template rs<1>(rL, rP[kk], make_desc(aOnes, 16, 0), 1);
     }
   };
