@@ -64,6 +64,7 @@ model::TrainConfig resolve_resume(const model::TrainConfig& cli, const cxxopts::
   }
   model::TrainConfig c = model::TrainConfig::from_json(merged.dump(), cli);
   c.profile_steps = cli.profile_steps;
+  c.cuda_graph = cli.cuda_graph;
   c.overwrite = cli.overwrite;
   c.model = meta.model;
   if (r.count("attention-impl") || r.count("use-cuda-kernel")) {
@@ -139,6 +140,7 @@ int run_train(int argc, char** argv) {
       ("resume", "continue from a checkpoint file or run folder: its saved options are restored, options given here override them", cxxopts::value<std::string>())
       ("overwrite", "reuse an existing --run folder, replacing its checkpoint and metrics")
       ("profile-steps", "record GPU time per kernel over N steps (after 2 warm-up steps), print it and save profile.json in the run folder", cxxopts::value<int64_t>()->default_value("0"))
+      ("cuda-graph", "auto | on | off: after the first step, replay each micro-step (forward + backward) from one CUDA graph; auto: on with one CUDA GPU and bf16 / fp32 (not with fp16's loss scaling or several GPUs)", cxxopts::value<std::string>()->default_value("auto"))
       ("log-level", "trace | debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
       ("h,help", "print this help");
 
@@ -184,6 +186,7 @@ int run_train(int argc, char** argv) {
     c.log_every = r["log-every"].as<int64_t>();
     c.checkpoint_dir = r["checkpoint-dir"].as<std::string>();
     c.profile_steps = r["profile-steps"].as<int64_t>();
+    c.cuda_graph = r["cuda-graph"].as<std::string>();
     if (c.profile_steps < 0) throw std::invalid_argument("--profile-steps must be >= 0, got " + std::to_string(c.profile_steps));
     if (r.count("run")) c.run = r["run"].as<std::string>();
     if (r.count("resume")) c.resume = r["resume"].as<std::string>();

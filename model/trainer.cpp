@@ -34,6 +34,7 @@
 #include "model/autocast.h"
 #include "model/optim.h"
 #include "model/profile.h"
+#include "model/train_graph.h"
 
 namespace flashcos::model {
 namespace fs = std::filesystem;
@@ -361,6 +362,33 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   std::signal(SIGHUP, on_stop_signal);
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write (EFBIG) instead of killing us
   const bool tty = isatty(fileno(stderr));
+  // --cuda-graph (train_graph.h): from this run's second step on, every micro-step replays one
+  // captured graph. auto leaves it off quietly where it does not apply; on says why.
+  std::string graph_off;
+  if (cfg.cuda_graph == "off") graph_off = "--cuda-graph off";
+  else if (!device.is_cuda()) graph_off = "not a CUDA device";
+  else if (!train_graph_compiled()) graph_off = "this build has no CUDA";
+  else if (dp) graph_off = "several processes (the gradient all-reduce runs in backward hooks)";
+  else if (precision.loss_scaling) graph_off = "fp16's dynamic loss scale changes between steps";
+  if (cfg.cuda_graph == "on" && !graph_off.empty()) log::warn("--cuda-graph on: not used: " + graph_off);
+  std::unique_ptr<GraphStreamScope> graph_stream;
+  std::unique_ptr<TrainStepGraph> graph_step;
+  if (graph_off.empty()) {
+    graph_stream = std::make_unique<GraphStreamScope>(device);
+    graph_step = std::make_unique<TrainStepGraph>([&](const at::Tensor& window) {
+      at::Tensor loss;
+      {
+        AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
+        loss = model->loss(window) / static_cast<double>(cfg.grad_accum);
+      }
+      loss.backward();
+      return loss.detach();
+    });
+  }
+  if (main_rank) {
+    log::info(graph_step ? "  cuda graph  on: micro-steps replayed from one CUDA graph after the first step"
+                         : "  cuda graph  off (" + graph_off + ")");
+  }
   model->train();
   reset_peak_memory(device);
   auto params = model->parameters();
@@ -389,10 +417,20 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     }
     const double lr = lr_at(cfg, state.step);
     set_lr(*optimizer, lr);
-    optimizer->zero_grad(true);
+    // With the graph, grads are zeroed in place: the captured backward adds into their storage.
+    optimizer->zero_grad(/*set_to_none=*/!graph_step);
     at::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       auto batch = sampler.next();
+      if (graph_step && state.step > first_step) {
+        try {
+          step_loss += graph_step->run(batch);  // the first call captures
+          continue;
+        } catch (const std::exception& e) {
+          log::warn(std::string("CUDA graph capture failed, training on without it: ") + e.what());
+          graph_step.reset();
+        }
+      }
       if (dp) batch = batch.slice(0, dp->rank() * cfg.batch, (dp->rank() + 1) * cfg.batch);
       batch = batch.to(device, /*non_blocking=*/true);
       // [dp] only the last micro-batch's backward averages gradients over ranks (no_sync before).

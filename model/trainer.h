@@ -34,6 +34,7 @@ struct TrainConfig {
   int64_t save_every = 500;         // also saved at the end, on Ctrl-C and after each validation
   int64_t log_every = 10;
   int64_t profile_steps = 0;        // > 0: GPU time per kernel over this many steps, after 2 warm-up steps
+  std::string cuda_graph = "auto";  // auto | on | off: micro-steps replayed from one CUDA graph (train_graph.h)
   std::string checkpoint_dir = "checkpoints";
   std::string run;                  // run name (default: run-<date>-<time>)
   std::string resume;               // checkpoint file or run folder to continue
@@ -46,7 +47,7 @@ struct TrainConfig {
   int64_t dist_timeout_s = 300;       // a collective not done within this fails, naming the rank
   ModelConfig model;
 
-  // Every field the command line sets except the model, profile_steps and overwrite (the JSON
+  // Every field the command line sets except the model, profile_steps, cuda_graph and overwrite (the JSON
   // keys are the option names with '_' for '-'). from_json takes missing keys from `defaults`.
   std::string to_json() const;
   static TrainConfig from_json(const std::string& json, const TrainConfig& defaults);

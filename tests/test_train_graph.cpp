@@ -1,0 +1,102 @@
+// The captured training micro-step (model/train_graph.h) against eager micro-steps: the same
+// gradients accumulated over the same batches, and the capture contract's errors. GPU only.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "model/autocast.h"
+#include "model/config.h"
+#include "model/gpt.h"
+#include "model/train_graph.h"
+
+namespace {
+
+using flashcos::model::AutocastScope;
+using flashcos::model::GPT;
+using flashcos::model::GraphStreamScope;
+using flashcos::model::ModelConfig;
+using flashcos::model::TrainStepGraph;
+
+// dim 128, 2 heads of 64 (the Hopper kernels' head size on an H100), fused attention and ops.
+ModelConfig graph_config() {
+  ModelConfig c;
+  c.dim = 128, c.depth = 2, c.heads = 2, c.dim_head = 64, c.max_seq_len = 200;
+  c.attention_impl = "fused";
+  return c;
+}
+
+at::Tensor micro_step(GPT& model, const at::Tensor& window, double accum) {
+  at::Tensor loss;
+  {
+    AutocastScope autocast(true, torch::kCUDA, at::kBFloat16);
+    loss = model->loss(window) / accum;
+  }
+  loss.backward();
+  return loss.detach();
+}
+
+// Relative L2 distance of b from a.
+double rel(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>() /
+         std::max(1e-30, a.to(at::kDouble).norm().item<double>());
+}
+
+TEST(TrainGraphCuda, ReplaysAccumulateTheGradientsOfEagerMicroSteps) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const auto dev = torch::Device(torch::kCUDA);
+  torch::manual_seed(11);
+  GPT eager(graph_config());
+  eager->to(dev);
+  GPT graphed(graph_config());
+  graphed->to(dev);
+  {
+    torch::NoGradGuard ng;
+    auto pa = eager->parameters(), pb = graphed->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+  }
+  // 2 steps of 3 micro-batches (odd length 127 + 1), fresh random bytes each.
+  const int64_t accum = 3;
+  std::vector<at::Tensor> batches;
+  for (int i = 0; i < 2 * accum; ++i) {
+    batches.push_back(torch::randint(0, 256, {2, 128}, torch::TensorOptions().dtype(torch::kLong)).pin_memory());
+  }
+  std::vector<double> eager_loss, graph_loss;
+  for (int step = 0; step < 2; ++step) {
+    eager->zero_grad(false);
+    for (int m = 0; m < accum; ++m) eager_loss.push_back(micro_step(eager, batches[step * accum + m].to(dev), accum).item<double>());
+  }
+  std::vector<at::Tensor> eager_grads;
+  for (auto& p : eager->parameters()) eager_grads.push_back(p.grad().clone());
+
+  GraphStreamScope scope(dev);
+  TrainStepGraph graph([&](const at::Tensor& w) { return micro_step(graphed, w, accum); });
+  for (int step = 0; step < 2; ++step) {
+    graphed->zero_grad(false);
+    for (int m = 0; m < accum; ++m) {
+      const at::Tensor& b = batches[step * accum + m];
+      // The first micro-step runs eagerly, so that every gradient exists before the capture.
+      graph_loss.push_back(step == 0 && m == 0 ? micro_step(graphed, b.to(dev), accum).item<double>()
+                                               : graph.run(b).item<double>());
+    }
+  }
+  for (size_t i = 0; i < eager_loss.size(); ++i) {
+    EXPECT_NEAR(graph_loss[i], eager_loss[i], 2e-3 * std::abs(eager_loss[i])) << "micro-step " << i;
+  }
+  auto pb = graphed->parameters();
+  ASSERT_EQ(pb.size(), eager_grads.size());
+  for (size_t i = 0; i < pb.size(); ++i) {
+    ASSERT_TRUE(pb[i].grad().defined()) << "parameter " << i;
+    EXPECT_LT(rel(eager_grads[i], pb[i].grad()), 2e-2) << "parameter " << i << " of shape " << pb[i].sizes();
+  }
+  // Another batch shape is refused (the graph's input is static).
+  EXPECT_THROW(graph.run(torch::zeros({1, 128}, torch::kLong)), std::invalid_argument);
+}
+
+TEST(TrainGraphCuda, CaptureOnTheDefaultStreamIsRefused) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  TrainStepGraph graph([](const at::Tensor& w) { return w.sum(); });
+  EXPECT_THROW(graph.run(torch::zeros({2, 8}, torch::kLong)), std::logic_error);
+}
+
+}  // namespace
