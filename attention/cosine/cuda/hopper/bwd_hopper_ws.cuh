@@ -7,8 +7,10 @@
 // query rows. Consumer c owns keys n0 + 64 c .. n0 + 64 c + 63 and, per step it:
 //   S^T = K_c Q^T, dP^T = V_c dO^T      wgmma, A (K-major) and B (K-major) from shared memory, as
 //                                        two groups: P^T is computed while dP^T runs
-//   P^T = exp2(S^T scale log2e + c_i)   in registers, packed to 16-bit A fragments; dV += P^T dO
-//                                        issued at once (A from registers, B = dO N-major)
+//   P^T = exp2(S^T scale log2e + c_i)   in registers on every element, packed to 16-bit A
+//                                        fragments, masked elements cleared there (only in blocks
+//                                        with any); dV += P^T dO issued at once (A from registers,
+//                                        B = dO N-major)
 //   dS^T = P^T (dP^T - D_i)             from the 16-bit P that dV uses (unpacked from its
 //                                        fragments: the fp32 P dies once packed, which is what lets
 //                                        the consumers fit 240 registers), to shared memory
