@@ -23,14 +23,14 @@
 // MMAs keep the tensor cores busy (consumer 1 starts half a step late). dK, dV stay in registers for
 // the whole loop (no atomics for grouped heads).
 //
-// CTA: warpgroup 0 is the producer (setmaxnreg leaves it 24 registers; its warp 0 loads, warp 1
-// adds dQ, the others exit), warpgroups 1 and 2 the consumers (240 registers each). The producer's
+// CTA: warpgroup 0 is the producer (setmaxnreg leaves it 24 registers; its warp 0 loads, warps 1
+// and 2 add the two consumers' dQ, warp 3 exits), warpgroups 1 and 2 the consumers (240 registers each). The producer's
 // warp 0, per step `it` (stage it % kStages):
 //   row stats c_i, D_i: plain loads into registers before it waits for the stage (rows past I get
 //     c_i = -inf, so P = 0), stores to shared memory, then every lane arrives on full[s];
 //   Q, dO: TMA tile loads (rows past I come back as zeros) counted by lane 0's expect_tx.
 // K and V come once, by TMA, on bar_kv. dQ (kTmaDq, the default): each consumer stores its part of
-// dQ(it) (64 x 64 fp32, scale folded in) to a staging tile in shared memory, and the producer's warp 1
+// dQ(it) (64 x 64 fp32, scale folded in) to a staging tile in shared memory, and the producer's warp 1 + c
 // adds the tile to the zeroed fp32 accumulator with a TMA reduction (cp.reduce.async.bulk.tensor
 // .add; the consumer hands the tile over at the start of its next step, when the proxy fence finds
 // the stores done); the two tiles take the place of a third Q / dO stage, and with no atomics left in the
@@ -180,20 +180,24 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   auto step_m0 = [&](int it) { return (m_start + it % per_head) * kBM; };
 
   if (wg == 0) {
-    // Producer: warp 0 loads, warp 1 adds dQ (kTmaDq), the others only give their registers away.
+    // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
+    // its registers away.
     regs_dealloc<Tile::kProducerRegs>();
-    if (kTmaDq && warp == 1 && lane == 0) {
-      // dQ: each consumer's part of step k, added to the accumulator by a TMA reduction once the
-      // consumer stored it; the buffer is handed back once the reduction has read it.
+    if (kTmaDq && (warp == 1 || warp == 2) && lane == 0) {
+      // dQ: consumer cc's part of step k, added to the accumulator by a TMA reduction once the
+      // consumer stored it; the buffer is handed back once the reduction has read it. One thread
+      // per consumer (with one thread for both, a late tile of one consumer held up the other's,
+      // and the deterministic mode's waits added up).
       // Deterministic (kDet): a unit's reduction waits until every lower key block counted its own
       // (dq_semaphore.cuh), and this block counts a unit once its reduction has completed, which
       // it checks one unit later (bulk_wait<1>) so that the wait overlaps the next unit's.
       // kDetAhead (the default; FLASHCOS_HOPPER_BWD=ws-det-serial turns it off): the counter is polled
-      // before the consumers' tile is waited for (its latency hides behind their step), completions
-      // are checked two units back, and the count needs no __threadfence (the reduction completed
-      // before it, so the next block's adds come after ours whatever the fences).
+      // before the consumer's tile is waited for (its latency hides behind their step), and the
+      // count needs no __threadfence (the reduction completed before it, so the next block's adds
+      // come after ours whatever the fences).
+      const int cc = warp - 1;
       tma_prefetch_map(&maps.dq);
-      int* pending[2] = {nullptr, nullptr};  // kDet: units reduced and not yet counted, older first
+      int* pending = nullptr;  // kDet: the unit reduced and not yet counted
       auto count = [&](int*& counter) {
         if (counter == nullptr) return;
         fence_proxy_async_global();
@@ -203,47 +207,35 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       };
       for (int k = 0; k < n_iters; ++k) {
         const int h = step_h(k), m0 = step_m0(k);
+        const int row0 = m0 + (kSplitRows ? 64 * cc : 0), col0 = kSplitRows ? 0 : 64 * cc;
+        int* counter = nullptr;
+        auto wait_turn = [&] {  // 64-row steps: both halves of a unit count
+          counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0);
+          dq_unit_wait(counter, kSplitRows ? n_block : 2 * n_block);
+          fence_proxy_async_global();
+        };
+        if constexpr (kDet && kDetAhead) {
+          if (row0 < I) wait_turn();
+        }
+        mbar_wait(bar_dq_full + cc, k & 1);
+        if (row0 < I) {
+          if constexpr (kDet && !kDetAhead) wait_turn();
 #pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const int row0 = m0 + (kSplitRows ? 64 * cc : 0), col0 = kSplitRows ? 0 : 64 * cc;
-          int* counter = nullptr;
-          auto wait_turn = [&] {  // 64-row steps: both halves of a unit count
-            counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0);
-            dq_unit_wait(counter, kSplitRows ? n_block : 2 * n_block);
-            fence_proxy_async_global();
-          };
-          if constexpr (kDet && kDetAhead) {
-            if (row0 < I) wait_turn();
-          }
-          mbar_wait(bar_dq_full + cc, k & 1);
-          if (row0 < I) {
-            if constexpr (kDet && !kDetAhead) wait_turn();
-#pragma unroll
-            for (int box = 0; box < 2; ++box)
-              tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
-                                row0, h, b);
-          }
-          bulk_commit();
-          bulk_wait_read<0>();
-          mbar_arrive(bar_dq_empty + cc);
-          if constexpr (kDet) {
-            if constexpr (kDetAhead) {
-              bulk_wait<2>();  // every reduction but the last two has completed
-              count(pending[0]);
-              pending[0] = pending[1];
-            } else {
-              bulk_wait<1>();  // every reduction but this one has completed
-              count(pending[1]);
-            }
-            pending[1] = counter;
-          }
+          for (int box = 0; box < 2; ++box)
+            tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
+                              row0, h, b);
+        }
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbar_arrive(bar_dq_empty + cc);
+        if constexpr (kDet) {
+          bulk_wait<1>();  // every reduction but this one has completed
+          count(pending);
+          pending = counter;
         }
       }
       bulk_wait<0>();
-      if constexpr (kDet) {
-        count(pending[0]);
-        count(pending[1]);
-      }
+      if constexpr (kDet) count(pending);
       return;
     }
     if (warp != 0) return;
