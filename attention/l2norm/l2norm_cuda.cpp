@@ -52,8 +52,10 @@ fc::L2NormParams shape_params(const at::Tensor& x, int64_t groups) {
   return p;
 }
 
-void set_rotary(fc::L2NormParams& p, const RotaryArgs* rotary) {
-  if (rotary == nullptr) return;
+// Also allocates the kernels' rotation table (n2 x pairs float2; see L2NormParams::rotary_table),
+// returned so that it lives until the launches are queued.
+at::Tensor set_rotary(fc::L2NormParams& p, const RotaryArgs* rotary, const at::Tensor& like) {
+  if (rotary == nullptr) return {};
   const int64_t gs = p.D / p.groups;
   TORCH_CHECK(gs % 2 == 0 && gs / 2 <= fc::kMaxRotaryPairs, "flashcos l2norm rotary: group size ", gs,
               " must be even and at most ", 2 * fc::kMaxRotaryPairs);
@@ -61,6 +63,9 @@ void set_rotary(fc::L2NormParams& p, const RotaryArgs* rotary) {
   p.rotary = true;
   p.pos_offset = rotary->offset;
   for (size_t m = 0; m < inv.size(); ++m) p.inv_freq[m] = inv[m];
+  at::Tensor table = at::empty({p.n2 * (gs / 2) * 2}, like.options().dtype(at::kFloat));
+  p.rotary_table = reinterpret_cast<float2*>(table.data_ptr<float>());
+  return table;
 }
 
 std::vector<int64_t> r_sizes(const at::Tensor& x, int64_t groups) {
@@ -93,7 +98,7 @@ std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64
   poison_if_requested(y);
   poison_if_requested(r);
   p.r = r.data_ptr<float>();
-  set_rotary(p, rotary);
+  const at::Tensor table = set_rotary(p, rotary, x);
   C10_CUDA_CHECK(fc::run_l2norm_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {y, r};
 }
@@ -122,7 +127,7 @@ at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const
   TORCH_CHECK(describe(dx, p.dx), "flashcos l2norm_cuda_backward: dx needs a contiguous last dim");
   poison_if_requested(dx);
   p.r = const_cast<float*>(r.data_ptr<float>());
-  set_rotary(p, rotary);
+  const at::Tensor table = set_rotary(p, rotary, x);
   C10_CUDA_CHECK(fc::run_l2norm_bwd(p, c10::cuda::getCurrentCUDAStream()));
   return dx;
 }

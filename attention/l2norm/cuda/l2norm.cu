@@ -108,24 +108,29 @@ __device__ __forceinline__ int64_t r_index(const L2NormParams& p, const Coord& c
   return ((c.i0 * p.n1 + c.i1) * p.n2 + c.i2) * p.groups + c.group;
 }
 
-// The block's copy of inv_freq (p.rotary is uniform over the grid, so the barrier is too).
-__device__ __forceinline__ void load_inv_freq(const L2NormParams& p, float* s_inv) {
-  if (!p.rotary) return;
+// rotary_table[i2 * pairs + m] = (cos, sin) of the angle float(i2 + pos_offset) * inv_freq[m], in
+// fp32 (sincosf), one thread per entry. The main kernels read their thread's 4 rotations from it:
+// evaluated there, the four sincosf per thread cost about as much as the kernel's memory traffic.
+__global__ void __launch_bounds__(kThreads) rotary_table_kernel(const L2NormParams p) {
   const int pairs = p.D / p.groups / 2;
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) s_inv[i] = p.inv_freq[i];
-  __syncthreads();
+  const int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (k >= p.n2 * pairs) return;
+  float sn, cs;
+  sincosf(__fmul_rn(static_cast<float>(k / pairs + p.pos_offset), p.inv_freq[k % pairs]), &sn, &cs);
+  p.rotary_table[k] = make_float2(cs, sn);
 }
 
-// Rotates the thread's 4 pairs by R(t) (transpose: R(t)^T).
-__device__ __forceinline__ void rotate(Vec8& v, const L2NormParams& p, const Coord& c, const float* s_inv,
-                                       bool transpose) {
+// Rotates the thread's 4 pairs by R(t) (transpose: R(t)^T), R(t) from the rotation table.
+__device__ __forceinline__ void rotate(Vec8& v, const L2NormParams& p, const Coord& c, bool transpose) {
   const int gs = p.D / p.groups;
   const int m0 = (c.col % gs) / 2;
-  const float t = static_cast<float>(c.i2 + p.pos_offset);
+  // The 4 (cos, sin) pairs: 32 bytes, 32-byte aligned (m0 is a multiple of 4).
+  const float4* table = reinterpret_cast<const float4*>(p.rotary_table + c.i2 * (gs / 2) + m0);
+  const float4 t4[2] = {table[0], table[1]};
 #pragma unroll
   for (int e = 0; e < kVec / 2; ++e) {
-    float sn, cs;
-    sincosf(__fmul_rn(t, s_inv[m0 + e]), &sn, &cs);
+    const float cs = e % 2 == 0 ? t4[e / 2].x : t4[e / 2].z;
+    float sn = e % 2 == 0 ? t4[e / 2].y : t4[e / 2].w;
     if (transpose) sn = -sn;
     const float a = v.v[2 * e], b = v.v[2 * e + 1];
     v.v[2 * e] = a * cs - b * sn;
@@ -135,8 +140,6 @@ __device__ __forceinline__ void rotate(Vec8& v, const L2NormParams& p, const Coo
 
 template <typename Index>
 __global__ void __launch_bounds__(kThreads) l2norm_fwd_kernel(const L2NormParams p) {
-  __shared__ float s_inv[kMaxRotaryPairs];
-  load_inv_freq(p, s_inv);
   const Coord c = coord<Index>(p);
   const int width = p.D / p.groups / kVec;
   Vec8 x{};
@@ -149,15 +152,13 @@ __global__ void __launch_bounds__(kThreads) l2norm_fwd_kernel(const L2NormParams
   if (!c.active) return;
 #pragma unroll
   for (int e = 0; e < kVec; ++e) x.v[e] *= r;
-  if (p.rotary) rotate(x, p, c, s_inv, /*transpose=*/false);
+  if (p.rotary) rotate(x, p, c, /*transpose=*/false);
   store8(p.y, offset(p.y, c.i0, c.i1, c.i2, c.col), x);
   if (c.col % (width * kVec) == 0) p.r[r_index(p, c)] = r;
 }
 
 template <typename Index>
 __global__ void __launch_bounds__(kThreads) l2norm_bwd_kernel(const L2NormParams p) {
-  __shared__ float s_inv[kMaxRotaryPairs];
-  load_inv_freq(p, s_inv);
   const Coord c = coord<Index>(p);
   const int width = p.D / p.groups / kVec;
   Vec8 x{}, dy{};
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) l2norm_bwd_kernel(const L2NormParams
     x = load8(p.x, offset(p.x, c.i0, c.i1, c.i2, c.col));
     dy = load8(p.dy, offset(p.dy, c.i0, c.i1, c.i2, c.col));
     r = p.r[r_index(p, c)];
-    if (p.rotary) rotate(dy, p, c, s_inv, /*transpose=*/true);
+    if (p.rotary) rotate(dy, p, c, /*transpose=*/true);
   }
   float s = 0.f, ss = 0.f;
 #pragma unroll
@@ -189,6 +190,11 @@ cudaError_t launch(void (*kernel32)(L2NormParams), void (*kernel64)(L2NormParams
                    cudaStream_t stream) {
   const int64_t threads = p.n0 * p.n1 * p.n2 * (p.D / kVec);
   if (threads == 0) return cudaSuccess;
+  if (p.rotary) {
+    const int64_t entries = p.n2 * (p.D / p.groups / 2);
+    if ((entries + kThreads - 1) / kThreads > 0x7fffffff) return cudaErrorInvalidValue;
+    rotary_table_kernel<<<unsigned((entries + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
+  }
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   // 32-bit indices while the last thread's index (blocks * kThreads) fits.
@@ -207,7 +213,10 @@ bool l2norm_supported(const L2NormParams& p) {
   if (p.groups < 1 || p.D < kVec || p.D % p.groups != 0) return false;
   const int gs = p.D / p.groups;
   const int width = gs / kVec;
-  if (p.rotary && gs / 2 > kMaxRotaryPairs) return false;
+  if (p.rotary && (gs / 2 > kMaxRotaryPairs || p.rotary_table == nullptr ||
+                   reinterpret_cast<uintptr_t>(p.rotary_table) % 32 != 0)) {
+    return false;
+  }
   return gs % kVec == 0 && width <= 32 && (width & (width - 1)) == 0 && l2norm_aligned(p.x);
 }
 

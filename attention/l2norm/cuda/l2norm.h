@@ -42,6 +42,9 @@ struct L2NormParams {
   bool rotary = false;
   int64_t pos_offset = 0;
   float inv_freq[kMaxRotaryPairs] = {};
+  // With `rotary`, scratch of n2 x (gs / 2) float2 (cos, sin) that run_l2norm_* fill with the
+  // rotations first (fp32 sincosf of the angle above) and the main kernels read.
+  float2* rotary_table = nullptr;
 };
 
 // The kernels take 8 consecutive elements per thread with 16-byte loads (32-byte for fp32): D and
