@@ -417,8 +417,16 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     }
     const double lr = lr_at(cfg, state.step);
     set_lr(*optimizer, lr);
-    // With the graph, grads are zeroed in place: the captured backward adds into their storage.
-    optimizer->zero_grad(/*set_to_none=*/!graph_step);
+    // With the graph, grads are zeroed in place (the captured backward adds into their storage), by
+    // one multi-tensor kernel instead of a fill per parameter.
+    if (graph_step) {
+      std::vector<at::Tensor> grads;
+      for (auto& p : params)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      if (!grads.empty()) at::_foreach_zero_(grads);
+    } else {
+      optimizer->zero_grad(/*set_to_none=*/true);
+    }
     at::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       auto batch = sampler.next();
