@@ -390,9 +390,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint32_t phase = 0;
   // One step; kPrev (it > 0 as a constant, so that every path has a fixed number of MMA groups in
   // flight): dQ(it - 1) is still to do.
+  // The step's first query row, computed a step ahead (its division, a reciprocal and its
+  // corrections, stalled the step's start: ncu, 2.3 % of the consumers' stall samples).
+  int m0_next = step_m0(0);
   auto run_step = [&](int it, auto prev) {
     constexpr bool kPrev = decltype(prev)::value;
-    const int m0 = step_m0(it);
+    const int m0 = m0_next;
     mbar_wait(bar_full + stage, phase);
     if (it == 0 && c == 1) named_bar_sync<1, kConsumerThreads>();  // start half a step after consumer 0
     const float* sRowCs = sRowC + stage * kBM;
@@ -437,6 +440,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     issue_s_dp(rdP, v_desc, desc_add(do_desc_k, stage_off));
     wgmma_commit();
+    m0_next = step_m0(it + 1);  // while S^T / dP^T run
+    // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's
+    // reduction now: by here the stores have long completed, and the proxy fence does not wait for
+    // them (right behind them it did: ncu, 7 % of the consumers' stall samples). Before the row
+    // stats' loads below, which the fence would wait for.
+    if (kTmaDq && kPrev && it >= 2) hand_off_dq();
     // The rows' c_i into registers while S^T runs (loaded at their use, their latency stalled
     // the exponentials: ncu short-scoreboard stalls). Row 8 q + 2 t + h is rc[2 q + h]; with
     // 128-row steps only the first 32 rows' (more spilled), the rest loaded in the loop.
@@ -448,10 +457,6 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       rc[2 * q] = v.x;
       rc[2 * q + 1] = v.y;
     }
-    // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's
-    // reduction now: by here the stores have long completed, and the proxy fence does not wait for
-    // them (right behind them it did: ncu, 7 % of the consumers' stall samples).
-    if (kTmaDq && kPrev && it >= 2) hand_off_dq();
     wgmma_wait<1>();  // S^T
     fence_regs(rS);
     // P = exp2(S scale log2e + c_i) on every element, then, only in blocks that need it, the
@@ -506,11 +511,13 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
     if (it >= 2) mbar_wait(bar_ds_empty + (it & 1), ((it - 2) >> 1) & 1);
     store_ds();
-    fence_proxy_async();
-    mbar_arrive(bar_ds_full + (it & 1));
+    // dK reads dS from registers: issued before the proxy fence, which waits for the dS stores that
+    // only the other consumer's dQ reads.
     wgmma_fence();
     issue_kv_grad(rdK, rdSf, desc_add(q_desc_n, stage_off));
     wgmma_commit();
+    fence_proxy_async();
+    mbar_arrive(bar_ds_full + (it & 1));
     // kTmaDq: dQ(it - 1) goes in right behind dK, so that the tensor cores are not left idle
     // while this warpgroup waits for dK; otherwise it is issued once dV and dK completed (with the
     // atomics, issuing it early measured the same: H100 bf16 n 8192 d64 341 against 337 TFLOP/s).
