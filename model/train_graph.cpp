@@ -107,4 +107,21 @@ at::Tensor TrainStepGraph::run(const at::Tensor&) { throw std::invalid_argument(
 bool train_graph_compiled() { return false; }
 #endif
 
+std::string train_graph_off_reason(const std::string& setting, const c10::Device& device, bool distributed,
+                                   bool loss_scaling) {
+  if (setting == "off") return "--cuda-graph off";
+  if (!device.is_cuda()) return "not a CUDA device";
+  if (!train_graph_compiled()) return "this build has no CUDA";
+  if (distributed) return "several processes (the gradient all-reduce runs in backward hooks)";
+  if (loss_scaling) return "fp16's dynamic loss scale changes between steps";
+  return "";
+}
+
+void zero_grads_in_place(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (!grads.empty()) at::_foreach_zero_(grads);
+}
+
 }  // namespace flashcos::model

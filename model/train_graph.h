@@ -14,6 +14,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace flashcos::model {
 
@@ -52,5 +54,15 @@ class GraphStreamScope {
 
 // Whether this build can capture CUDA graphs.
 bool train_graph_compiled();
+
+// Why the trainer's micro-steps are not captured ("" when they are): --cuda-graph off, no CUDA
+// device or build, several processes (the gradient all-reduce runs in backward hooks), or fp16's
+// dynamic loss scale (it changes between steps).
+std::string train_graph_off_reason(const std::string& setting, const c10::Device& device, bool distributed,
+                                   bool loss_scaling);
+
+// Zeroes the defined gradients of `params` in place, by one multi-tensor kernel (a fill per
+// parameter cost ~100 launches a step).
+void zero_grads_in_place(const std::vector<at::Tensor>& params);
 
 }  // namespace flashcos::model

@@ -364,12 +364,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   const bool tty = isatty(fileno(stderr));
   // --cuda-graph (train_graph.h): from this run's second step on, every micro-step replays one
   // captured graph. auto leaves it off quietly where it does not apply; on says why.
-  std::string graph_off;
-  if (cfg.cuda_graph == "off") graph_off = "--cuda-graph off";
-  else if (!device.is_cuda()) graph_off = "not a CUDA device";
-  else if (!train_graph_compiled()) graph_off = "this build has no CUDA";
-  else if (dp) graph_off = "several processes (the gradient all-reduce runs in backward hooks)";
-  else if (precision.loss_scaling) graph_off = "fp16's dynamic loss scale changes between steps";
+  const std::string graph_off = train_graph_off_reason(cfg.cuda_graph, device, dp != nullptr, precision.loss_scaling);
   if (cfg.cuda_graph == "on" && !graph_off.empty()) log::warn("--cuda-graph on: not used: " + graph_off);
   std::unique_ptr<GraphStreamScope> graph_stream;
   std::unique_ptr<TrainStepGraph> graph_step;
@@ -420,10 +415,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     // With the graph, grads are zeroed in place (the captured backward adds into their storage), by
     // one multi-tensor kernel instead of a fill per parameter.
     if (graph_step) {
-      std::vector<at::Tensor> grads;
-      for (auto& p : params)
-        if (p.grad().defined()) grads.push_back(p.grad());
-      if (!grads.empty()) at::_foreach_zero_(grads);
+      zero_grads_in_place(params);
     } else {
       optimizer->zero_grad(/*set_to_none=*/true);
     }

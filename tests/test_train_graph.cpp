@@ -1,5 +1,6 @@
 // The captured training micro-step (model/train_graph.h) against eager micro-steps: the same
-// gradients accumulated over the same batches, and the capture contract's errors. GPU only.
+// gradients accumulated over the same batches, and the capture contract's errors (GPU); when the
+// trainer leaves it off and the in-place gradient zeroing it relies on (CPU).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +18,9 @@ using flashcos::model::GPT;
 using flashcos::model::GraphStreamScope;
 using flashcos::model::ModelConfig;
 using flashcos::model::TrainStepGraph;
+using flashcos::model::train_graph_compiled;
+using flashcos::model::train_graph_off_reason;
+using flashcos::model::zero_grads_in_place;
 
 // dim 128, 2 heads of 64 (the Hopper kernels' head size on an H100), fused attention and ops.
 ModelConfig graph_config() {
@@ -91,6 +95,37 @@ TEST(TrainGraphCuda, ReplaysAccumulateTheGradientsOfEagerMicroSteps) {
   }
   // Another batch shape is refused (the graph's input is static).
   EXPECT_THROW(graph.run(torch::zeros({1, 128}, torch::kLong)), std::invalid_argument);
+}
+
+TEST(TrainGraph, OffReasonsNameWhatRulesTheGraphOut) {
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
+  EXPECT_EQ(train_graph_off_reason("off", cuda, false, false), "--cuda-graph off");
+  EXPECT_EQ(train_graph_off_reason("auto", cpu, false, false), "not a CUDA device");
+  EXPECT_EQ(train_graph_off_reason("on", cpu, false, false), "not a CUDA device");
+  if (!train_graph_compiled()) {
+    EXPECT_EQ(train_graph_off_reason("auto", cuda, false, false), "this build has no CUDA");
+    return;
+  }
+  EXPECT_NE(train_graph_off_reason("auto", cuda, true, false).find("several processes"), std::string::npos);
+  EXPECT_NE(train_graph_off_reason("on", cuda, false, true).find("loss scale"), std::string::npos);
+  EXPECT_EQ(train_graph_off_reason("auto", cuda, false, false), "");
+  EXPECT_EQ(train_graph_off_reason("on", cuda, false, false), "");
+}
+
+TEST(TrainGraph, GradientsAreZeroedInTheirOwnStorage) {
+  torch::manual_seed(3);
+  auto a = torch::randn({7, 5}, torch::requires_grad()), b = torch::randn({3}, torch::requires_grad()),
+       unused = torch::randn({2}, torch::requires_grad());
+  (a.sum() * 2 + (b * b).sum()).backward();
+  const void* a_storage = a.grad().data_ptr();
+  const void* b_storage = b.grad().data_ptr();
+  ASSERT_GT(a.grad().abs().sum().item<double>(), 0.0);
+  zero_grads_in_place({a, b, unused});
+  EXPECT_EQ(a.grad().data_ptr(), a_storage);
+  EXPECT_EQ(b.grad().data_ptr(), b_storage);
+  EXPECT_EQ(a.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(b.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_FALSE(unused.grad().defined());
 }
 
 TEST(TrainGraphCuda, CaptureOnTheDefaultStreamIsRefused) {

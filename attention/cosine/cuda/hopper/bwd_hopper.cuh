@@ -1,17 +1,50 @@
-// The Hopper family's backward launcher: which kernel of bwd_hopper_ws.cuh runs, with how many query
-// rows per step. The kernel, its math and its synchronisation: bwd_hopper_ws.cuh. The cp.async
-// backward that every thread loaded for (the default until 2026-11-25; backward TFLOP/s H100 bf16
-// b4 h8 n 8192 d64 / d128: 308 / 363 against 347 / 432 now) was removed once the warp-specialised
-// kernel replaced it; inputs the TMA unit cannot address go to the sm_80 kernels (launch.cu).
+// The Hopper family's backward launchers: the tensor maps and the launch of bwd_hopper_ws.cuh's
+// kernel (launch_bwd_hopper_ws), and which instance runs, with how many query rows per step. The
+// kernel, its math and its synchronisation: bwd_hopper_ws.cuh. The cp.async backward that every
+// thread loaded for (the default until 2026-11-25; backward TFLOP/s H100 bf16 b4 h8 n 8192 d64 /
+// d128: 308 / 363 against 347 / 432 then) was removed once the warp-specialised kernel replaced it;
+// inputs the TMA unit cannot address go to the sm_80 kernels (launch.cu).
 #pragma once
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "attention/cosine/cuda/hopper/bwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/tuning.h"
 
 namespace flashcos::cuda {
+
+// The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
+// unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
+template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
+cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (kTmaDq && hopper::BwdWsTile<D, BM, false>::kNQ != 64) {
+    return launch_bwd_hopper_ws<T, D, BM, false>(p, stream);  // the 64-row d64 step (tuning variant 1)
+  } else {
+    constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
+    using Tile = hopper::BwdWsTile<D, BM, kTmaDq>;
+    hopper::BwdTmaMaps maps;
+    const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
+    const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
+    const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
+    const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
+    if (make_sw128_tile_map(&maps.q, q, BM) != cudaSuccess ||
+        make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
+        make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
+        make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess ||
+        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, D, 64) != cudaSuccess)) {
+      return cudaErrorNotSupported;
+    }
+    const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
+    if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
+    const cudaError_t err = launch_delta<T, float>(p, stream);
+    if (err != cudaSuccess) return err;
+    auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
+                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
+    return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, p);
+  }
+}
 
 // Query rows per backward step by tile variant (attention/cosine/cuda/tuning.h): variant 0 is in use,
 // d64 variant 1 is the 64-row step (H100 bf16 n8192, TFLOP/s, cp.async kernel: 128 rows 298, 64

@@ -50,8 +50,6 @@
 
 #include <cuda.h>
 
-#include <type_traits>
-
 #include "attention/cosine/cuda/bwd_kernel.cuh"
 #include "attention/cosine/cuda/dq_semaphore.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
@@ -589,38 +587,3 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 }
 
 }  // namespace flashcos::cuda::hopper
-
-namespace flashcos::cuda {
-
-// The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
-// unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
-template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
-cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
-  if constexpr (kTmaDq && hopper::BwdWsTile<D, BM, false>::kNQ != 64) {
-    return launch_bwd_hopper_ws<T, D, BM, false>(p, stream);  // the 64-row d64 step (tuning variant 1)
-  } else {
-    constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
-    using Tile = hopper::BwdWsTile<D, BM, kTmaDq>;
-    hopper::BwdTmaMaps maps;
-    const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
-    const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
-    const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
-    const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
-    if (make_sw128_tile_map(&maps.q, q, BM) != cudaSuccess ||
-        make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
-        make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
-        make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess ||
-        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, D, 64) != cudaSuccess)) {
-      return cudaErrorNotSupported;
-    }
-    const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
-    if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
-    const cudaError_t err = launch_delta<T, float>(p, stream);
-    if (err != cudaSuccess) return err;
-    auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
-                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
-    return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, p);
-  }
-}
-
-}  // namespace flashcos::cuda
