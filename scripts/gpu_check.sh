@@ -32,7 +32,7 @@
 # quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, seed, cosine, learned, fp16,
 # bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint (2048-raw: from the corpus unpacked, as data/enwik8 is).
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
-# unfused-8192 fused-1024 ddp1-8192).
+# unfused-8192 fused-1024 ddp1-8192; nograph-8192 / nograph-1024: fused with --cuda-graph off).
 # tests: TESTS_FILTER (a gtest filter for the one-process run), TESTS_CTEST=0 skips the ./train-process
 # suites.
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
@@ -130,6 +130,8 @@ if has train; then
     case $r in
       sdpa-8192) train_run sdpa-8192 --seq-len 8192 --batch 4 --attention-impl sdpa ;;
       fused-8192) train_run fused-8192 --seq-len 8192 --batch 4 --use-cuda-kernel ;;
+      nograph-8192) train_run nograph-8192 --seq-len 8192 --batch 4 --use-cuda-kernel --cuda-graph off ;;
+      nograph-1024) train_run nograph-1024 --seq-len 1024 --batch 32 --use-cuda-kernel --cuda-graph off ;;
       plain-2048) train_run plain-2048 --seq-len 2048 --batch 4 --attention-impl plain ;;
       sdpa-2048) train_run sdpa-2048 --seq-len 2048 --batch 4 --attention-impl sdpa ;;
       rope-8192) train_run rope-8192 --seq-len 8192 --batch 4 --use-cuda-kernel --pos rope ;;
