@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // flight): dQ(it - 1) is still to do.
   // The step's first query row, computed a step ahead (its division, a reciprocal and its
   // corrections, stalled the step's start: ncu, 2.3 % of the consumers' stall samples).
-  int m0_next = step_m0(0);
+  int m0_next = n_iters > 0 ? step_m0(0) : 0;  // no division by a per_head of 0
   auto run_step = [&](int it, auto prev) {
     constexpr bool kPrev = decltype(prev)::value;
     const int m0 = m0_next;
