@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/gpt.h"
 #include "model/train_graph.h"
+#include "tests/attention_test_util.h"
 
 namespace {
 
@@ -38,12 +39,6 @@ at::Tensor micro_step(GPT& model, const at::Tensor& window, double accum) {
   }
   loss.backward();
   return loss.detach();
-}
-
-// Relative L2 distance of b from a.
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>() /
-         std::max(1e-30, a.to(at::kDouble).norm().item<double>());
 }
 
 TEST(TrainGraphCuda, ReplaysAccumulateTheGradientsOfEagerMicroSteps) {
@@ -91,7 +86,7 @@ TEST(TrainGraphCuda, ReplaysAccumulateTheGradientsOfEagerMicroSteps) {
   ASSERT_EQ(pb.size(), eager_grads.size());
   for (size_t i = 0; i < pb.size(); ++i) {
     ASSERT_TRUE(pb[i].grad().defined()) << "parameter " << i;
-    EXPECT_LT(rel(eager_grads[i], pb[i].grad()), 2e-2) << "parameter " << i << " of shape " << pb[i].sizes();
+    EXPECT_LT(flashcos::test::rel_err(pb[i].grad(), eager_grads[i]), 2e-2) << "parameter " << i << " of shape " << pb[i].sizes();
   }
   // Another batch shape is refused (the graph's input is static).
   EXPECT_THROW(graph.run(torch::zeros({1, 128}, torch::kLong)), std::invalid_argument);

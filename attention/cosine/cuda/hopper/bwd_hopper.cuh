@@ -56,11 +56,9 @@ constexpr int hopper_bwd_rows(int variant) {
 
 // Which kernel (FLASHCOS_HOPPER_BWD, read once): "ws" (default) dQ added by the producer's TMA
 // reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-serial" the default
-// with the deterministic mode's counter polled only once the consumers' tile is there (kDetAhead
-// off; the default until 2026-11-26). H100 bf16 b4 h8 n 8192, backward TFLOP/s, d64 / d128
-// non-causal: ws-atomic 337 / 404, ws 347 / 432 (docs/performance.md). Deterministic backward time
-// over the default's, d64 / d128, non-causal and causal: ws-det-serial +8.8 % / +60 %, +11.4 % /
-// +30 %; ws (counter polled ahead) +2.7 % / +54 %, +6.5 % / +13.7 % (same call, 2026-11-26).
+// with the deterministic mode's counter polled only once the consumer's tile is there (kDetAhead
+// off; the default until 2026-11-26). Timings of each: docs/performance.md section 1 and
+// docs/kernels.md, "Timings of the versions".
 enum class HopperBwdKind { kTma, kAtomic, kTmaDetSerial };
 inline HopperBwdKind hopper_bwd_kind() {
   static const HopperBwdKind kind = [] {

@@ -370,17 +370,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   auto issue_dq = [&](int it) {
     const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
     const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
-    // The first k-step defines rdQ (ss_init): with ss(.., 0) the flushed values of the step before
-    // stayed alive in 32 registers through the whole step, which made the consumers spill.
 #pragma unroll
-    for (int kk = 0; kk < kNT; ++kk) {
-      const uint64_t da = desc_add(ds_desc0, s_off + kk * 16 * kSw128Row);
-      const uint64_t db = desc_add(k_desc_n, k_off + kk * 16 * kSw128Row);
-      if (kk == 0)
-        Wgmma<T, kNQ>::template ss_init<1, 1>(rdQ, da, db);
-      else
-        Wgmma<T, kNQ>::template ss<1, 1>(rdQ, da, db, 1);
-    }
+    for (int kk = 0; kk < kNT; ++kk)
+      Wgmma<T, kNQ>::template ss<1, 1>(rdQ, desc_add(ds_desc0, s_off + kk * 16 * kSw128Row),
+                                       desc_add(k_desc_n, k_off + kk * 16 * kSw128Row), kk > 0);
   };
 
   mbar_wait(bar_kv, 0);
@@ -388,6 +381,16 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint32_t phase = 0;
   // One step; kPrev (it > 0 as a constant, so that every path has a fixed number of MMA groups in
   // flight): dQ(it - 1) is still to do.
+  // The stats of this thread's rows 8 q + 2 t, + 1 (q < N / 2) of a stage into dst[2 q], dst[2 q + 1].
+  auto load_row_pairs = [&](auto& dst, const float* stats) {
+    constexpr int kPairs = sizeof(dst) / sizeof(dst[0]) / 2;
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q) {
+      const float2 v = *reinterpret_cast<const float2*>(stats + 8 * q + 2 * t);
+      dst[2 * q] = v.x;
+      dst[2 * q + 1] = v.y;
+    }
+  };
   // The step's first query row, computed a step ahead (its division, a reciprocal and its
   // corrections, stalled the step's start: ncu, 2.3 % of the consumers' stall samples).
   int m0_next = n_iters > 0 ? step_m0(0) : 0;  // no division by a per_head of 0
@@ -407,10 +410,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       for (int kk = 0; kk < kKT; ++kk) {
         const uint32_t a_off = (kk / 4) * kBN * kSw128Row + c * 64 * kSw128Row + (kk % 4) * 32;
         const uint32_t b_off = (kk / 4) * kBM * kSw128Row + (kk % 4) * 32;
-        if (kk == 0)
-          Wgmma<T, kBM>::template ss_init<0, 0>(acc, desc_add(a_desc, a_off), desc_add(b_desc, b_off));
-        else
-          Wgmma<T, kBM>::template ss<0, 0>(acc, desc_add(a_desc, a_off), desc_add(b_desc, b_off), 1);
+        Wgmma<T, kBM>::template ss<0, 0>(acc, desc_add(a_desc, a_off), desc_add(b_desc, b_off), kk > 0);
       }
     };
     auto issue_kv_grad = [&](float (&acc)[D / 2], const uint32_t (&frag)[kMT][4], uint64_t b_desc) {
@@ -449,12 +449,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // 128-row steps only the first 32 rows' (more spilled), the rest loaded in the loop.
     constexpr int kPre = kBM == 128 ? 4 : kBM / 8;
     float rc[2 * kPre];
-#pragma unroll
-    for (int q = 0; q < kPre; ++q) {
-      const float2 v = *reinterpret_cast<const float2*>(sRowCs + 8 * q + 2 * t);
-      rc[2 * q] = v.x;
-      rc[2 * q + 1] = v.y;
-    }
+    load_row_pairs(rc, sRowCs);
     wgmma_wait<1>();  // S^T
     fence_regs(rS);
     // P = exp2(S scale log2e + c_i) on every element, then, only in blocks that need it, the
@@ -489,12 +484,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     issue_kv_grad(rdV, rPf, desc_add(do_desc_n, stage_off));
     wgmma_commit();
     float rD[kBM / 4];  // D_i likewise, while dP^T completes
-#pragma unroll
-    for (int q = 0; q < kBM / 8; ++q) {
-      const float2 v = *reinterpret_cast<const float2*>(sDeltas + 8 * q + 2 * t);
-      rD[2 * q] = v.x;
-      rD[2 * q + 1] = v.y;
-    }
+    load_row_pairs(rD, sDeltas);
     wgmma_wait<1>();  // dP^T (dV may still run)
     fence_regs(rdP);
     if (it == 0 && c == 0) named_bar_arrive<1, kConsumerThreads>();

@@ -38,12 +38,10 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_byte_addr, uint32_t 
   return desc;
 }
 
-// The descriptor of smem_byte_addr + byte_off from that of smem_byte_addr: one add instead of
-// make_desc's masks and shifts (the 14-bit address field cannot carry into the next one: shared
-// memory ends below 256 KB).
-// A 32-bit add on the low word (address and leading byte offset; the high word, stride and
-// swizzle, is a constant): a 64-bit add cost an add with carry and two more uniform moves per
-// wgmma operand.
+// The descriptor of smem_byte_addr + byte_off from that of smem_byte_addr: a 32-bit add on the low
+// word (address and leading byte offset) instead of make_desc's masks and shifts. The 14-bit
+// address field cannot carry into the offset (shared memory ends below 256 KB); the high word
+// (stride, swizzle) stays a constant, which a 64-bit add would not let the compiler see.
 __device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t byte_off) {
   const uint32_t lo = uint32_t(desc) + (byte_off >> 4);
   return (desc & 0xFFFFFFFF00000000ull) | lo;

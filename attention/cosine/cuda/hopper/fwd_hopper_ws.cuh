@@ -170,8 +170,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
   const float scale_log2 = p.scale * kLog2e;
   const float offset_log2 = p.exp_kind ? 0.f : kFwdShiftLog2<T> - scale_log2;
 
-  // Descriptors as a base plus offsets (desc_add); S's first k-step defines rS (ss_init), so the
-  // S of the tile before is not kept alive up to it.
+  // Descriptors as a base plus offsets (desc_add).
   const uint64_t q_desc = make_desc(aQ + c * 64 * kSw128Row, 16, kSw128Atom);
   const uint64_t k_desc = make_desc(aK, 16, kSw128Atom);
   auto issue_s = [&](float (&rS)[kBN / 2], int stage) {
@@ -180,10 +179,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
     for (int kk = 0; kk < kKT; ++kk) {
       const uint64_t da = desc_add(q_desc, (kk / 4) * kBM * kSw128Row + (kk % 4) * 32);
       const uint64_t db = desc_add(k_desc_s, (kk / 4) * kBlock + (kk % 4) * 32);
-      if (kk == 0)
-        Wgmma<T, kBN>::template ss_init<0, 0>(rS, da, db);
-      else
-        Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, 1);
+      Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);
     }
   };
   auto issue_pv = [&](const uint32_t (&rP)[kPT][4], int stage) {
