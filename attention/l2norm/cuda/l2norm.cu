@@ -186,14 +186,21 @@ __global__ void __launch_bounds__(kThreads) l2norm_bwd_kernel(const L2NormParams
   store8(p.dx, offset(p.dx, c.i0, c.i1, c.i2, c.col), dy);
 }
 
+cudaError_t fill_rotary_table(const L2NormParams& p, cudaStream_t stream) {
+  const int64_t entries = p.n2 * (p.D / p.groups / 2);
+  if (entries == 0) return cudaSuccess;
+  if ((entries + kThreads - 1) / kThreads > 0x7fffffff) return cudaErrorInvalidValue;
+  rotary_table_kernel<<<unsigned((entries + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t launch(void (*kernel32)(L2NormParams), void (*kernel64)(L2NormParams), const L2NormParams& p,
                    cudaStream_t stream) {
   const int64_t threads = p.n0 * p.n1 * p.n2 * (p.D / kVec);
   if (threads == 0) return cudaSuccess;
-  if (p.rotary) {
-    const int64_t entries = p.n2 * (p.D / p.groups / 2);
-    if ((entries + kThreads - 1) / kThreads > 0x7fffffff) return cudaErrorInvalidValue;
-    rotary_table_kernel<<<unsigned((entries + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
+  if (p.rotary && !p.rotary_table_filled) {
+    const cudaError_t e = fill_rotary_table(p, stream);
+    if (e != cudaSuccess) return e;
   }
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
@@ -223,6 +230,14 @@ bool l2norm_supported(const L2NormParams& p) {
 cudaError_t run_l2norm_fwd(const L2NormParams& p, cudaStream_t stream) {
   if (!l2norm_supported(p) || !l2norm_aligned(p.y) || p.r == nullptr) return cudaErrorInvalidValue;
   return launch(l2norm_fwd_kernel<uint32_t>, l2norm_fwd_kernel<uint64_t>, p, stream);
+}
+
+cudaError_t run_rotary_table(const L2NormParams& p, cudaStream_t stream) {
+  if (!p.rotary || p.groups < 1 || p.D % p.groups != 0 || (p.D / p.groups) % 2 != 0 ||
+      p.D / p.groups / 2 > kMaxRotaryPairs || p.rotary_table == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  return fill_rotary_table(p, stream);
 }
 
 cudaError_t run_l2norm_bwd(const L2NormParams& p, cudaStream_t stream) {

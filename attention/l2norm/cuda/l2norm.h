@@ -42,9 +42,11 @@ struct L2NormParams {
   bool rotary = false;
   int64_t pos_offset = 0;
   float inv_freq[kMaxRotaryPairs] = {};
-  // With `rotary`, scratch of n2 x (gs / 2) float2 (cos, sin) that run_l2norm_* fill with the
-  // rotations first (fp32 sincosf of the angle above) and the main kernels read.
+  // With `rotary`, n2 x (gs / 2) float2 (cos, sin): the rotations (fp32 sincosf of the angle
+  // above), which the main kernels read. run_l2norm_* fill it first, unless rotary_table_filled
+  // says it already holds them (a table kept between launches, filled by run_rotary_table).
   float2* rotary_table = nullptr;
+  bool rotary_table_filled = false;
 };
 
 // The kernels take 8 consecutive elements per thread with 16-byte loads (32-byte for fp32): D and
@@ -54,6 +56,8 @@ bool l2norm_supported(const L2NormParams& p);  // shape, groups and x's alignmen
 bool l2norm_aligned(const NormTensor& t);  // also false for fp64
 
 cudaError_t run_l2norm_fwd(const L2NormParams& p, cudaStream_t stream);
+// Fills p.rotary_table for p's n2, group size, inv_freq and pos_offset (one small kernel).
+cudaError_t run_rotary_table(const L2NormParams& p, cudaStream_t stream);
 cudaError_t run_l2norm_bwd(const L2NormParams& p, cudaStream_t stream);
 
 }  // namespace flashcos::cuda
