@@ -19,6 +19,7 @@
 #include "model/fused/add_layer_norm.h"
 #include "model/fused/bias_gelu.h"
 #include "model/fused/classifier_cross_entropy.h"
+#include "model/fused/linear.h"
 #include "model/fused/switch.h"
 
 namespace flashcos::model {
@@ -91,6 +92,19 @@ torch::nn::Embedding make_embedding(int64_t count, int64_t dim, bool initialise)
   return layer;
 }
 
+// x cat(weights, 0)^T. On the fused path, for half-precision x (autocast's dtype, which the fused
+// norms already write) and float32 weights, from `copy` (made once per optimiser step) with the
+// weights' gradients accumulated by the weight-gradient GEMM (model/fused/linear.h); else
+// libtorch's linear (under autocast, a cast of the weights on every call).
+torch::Tensor project(const torch::Tensor& x, fused::WeightCopy& copy, const std::vector<torch::Tensor>& weights) {
+  const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
+  if (x.is_cuda() && half && weights[0].scalar_type() == at::kFloat && fused::fused_ops_enabled(x) &&
+      fused::weight_copies_enabled()) {
+    return fused::linear_from_copy(x, copy.get(weights, x.scalar_type()), weights);
+  }
+  return F::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0));
+}
+
 }  // namespace
 
 AttentionImpl::AttentionImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
@@ -125,12 +139,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   // result (last dim contiguous).
   const int64_t inner = NH * HS;
   const bool rope = cfg_.pos == "rope";
-  auto qkv = F::linear(x, torch::cat({to_q_->weight, to_k_->weight, to_v_->weight}, 0));
+  auto qkv = project(x, qkv_copy_, {to_q_->weight, to_k_->weight, to_v_->weight});
   if (cfg_.attention == "cosine" && cfg_.attention_impl == "fused") {
     // The QKV entry point: the fused kernels read q, k, v in place from the projection, write o
     // in (B, T, heads, dim_head) order and return one packed gradient for it (attention.h); the
     // rotation runs inside its l2norm kernels.
-    return to_out_(cosine_sim_attention_qkv(qkv, NH, training_attention_options(cfg_).backend(Backend::kFused)));
+    return project(cosine_sim_attention_qkv(qkv, NH, training_attention_options(cfg_).backend(Backend::kFused)),
+                   out_copy_, {to_out_->weight});
   }
   auto q = split_heads(qkv.narrow(-1, 0, inner));  // (B, NH, T, HS)
   auto k = split_heads(qkv.narrow(-1, inner, inner));
@@ -195,7 +210,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     if (cfg_.attention_impl == "plain") opts.backend(FastmaxBackend::kReference);
     o = fastmax_attention(q, k, v, opts);
   }
-  return to_out_(o.transpose(1, 2).reshape({B, T, NH * HS}));
+  return project(o.transpose(1, 2).reshape({B, T, NH * HS}), out_copy_, {to_out_->weight});
+}
+
+void AttentionImpl::refresh_weight_copies() {
+  qkv_copy_.refresh();
+  out_copy_.refresh();
 }
 
 torch::Tensor AttentionImpl::attend_prepared(const torch::Tensor& q, const torch::Tensor& k,
@@ -252,8 +272,14 @@ Residual BlockImpl::forward(const Residual& in) {
   // Both feed-forward GEMMs without their biases: ff_in's joins its GELU in one op each way
   // (model/fused/bias_gelu.h, whose backward also sums its gradient), ff_out's rides along to the
   // next add + LayerNorm, which adds it and sums its gradient (model/fused/add_layer_norm.h).
-  auto h = fused::bias_gelu(F::linear(f.normed, ff_in_->weight), ff_in_->bias);
-  return {f.sum, F::linear(h, ff_out_->weight), ff_out_->bias};
+  auto h = fused::bias_gelu(project(f.normed, ff_in_copy_, {ff_in_->weight}), ff_in_->bias);
+  return {f.sum, project(h, ff_out_copy_, {ff_out_->weight}), ff_out_->bias};
+}
+
+void BlockImpl::refresh_weight_copies() {
+  attn_->refresh_weight_copies();
+  ff_in_copy_.refresh();
+  ff_out_copy_.refresh();
 }
 
 torch::Tensor BlockImpl::forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos) {
@@ -280,6 +306,10 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, bool initialise) : cfg_(cfg) {
       torch::nn::init::normal_(p.value(), 0.0, 0.02);
     }
   }
+}
+
+void GPTImpl::refresh_weight_copies() {
+  for (const auto& block : *blocks_) block->as<Block>()->refresh_weight_copies();
 }
 
 void GPTImpl::set_attention_impl(const std::string& impl) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/fused/weight_copy.h"
 
 namespace flashcos::model {
 
@@ -44,6 +45,8 @@ class AttentionImpl : public torch::nn::Module {
   // (which must then hold the tokens before pos, or be empty); inference only.
   torch::Tensor forward_cached(const torch::Tensor& x, LayerCache& cache, int64_t pos);
   void set_attention_impl(const std::string& impl) { cfg_.attention_impl = impl; }
+  // Re-copies the projections' half-precision weight copies (fused::WeightCopy::refresh).
+  void refresh_weight_copies();
 
  private:
   // q, k (B, NH, T, HS) as the attention core takes them, in torch ops: l2-normalised (cosine, exp)
@@ -52,6 +55,7 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor attend_prepared(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const;
   ModelConfig cfg_;
   torch::nn::Linear to_q_{nullptr}, to_k_{nullptr}, to_v_{nullptr}, to_out_{nullptr};
+  fused::WeightCopy qkv_copy_, out_copy_;  // the fused path's GEMM copies (gpt.cpp, project)
 };
 TORCH_MODULE(Attention);
 
@@ -75,11 +79,13 @@ class BlockImpl : public torch::nn::Module {
   Residual forward(const Residual& in);
   torch::Tensor forward_cached(torch::Tensor x, LayerCache& cache, int64_t pos);
   void set_attention_impl(const std::string& impl) { attn_->set_attention_impl(impl); }
+  void refresh_weight_copies();
 
  private:
   torch::nn::LayerNorm norm_attn_{nullptr}, norm_ff_{nullptr};
   Attention attn_{nullptr};
   torch::nn::Linear ff_in_{nullptr}, ff_out_{nullptr};
+  fused::WeightCopy ff_in_copy_, ff_out_copy_;
 };
 TORCH_MODULE(Block);
 
@@ -104,6 +110,12 @@ class GPTImpl : public torch::nn::Module {
   // is known); throws std::invalid_argument (ModelConfig::validate's words) when the config
   // cannot run it.
   void set_attention_impl(const std::string& impl);
+  // On the fused CUDA path the projections (q / k / v, out, the feed-forward's two) run their GEMMs
+  // from half-precision weight copies made once per optimiser step (fused::WeightCopy): they are
+  // re-copied when a weight's version counter moves, and by this call, which a caller that replays
+  // a captured forward after changing the weights must make (the trainer: after every optimiser
+  // step). Nothing to do where no copy was made.
+  void refresh_weight_copies();
 
  private:
   // The residual stream after the last block, before the final norm: (B, T) -> (B, T, C).

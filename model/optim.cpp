@@ -42,6 +42,9 @@ void fused_step(torch::optim::Optimizer& opt, bool decoupled) {
     auto fused = decoupled ? &at::_ops::_fused_adamw_::call : &at::_ops::_fused_adam_::call;
     fused(params, grads, exp_avgs, exp_avg_sqs, no_max_exp_avg_sqs, steps, options.lr(), beta1, beta2,
           options.weight_decay(), options.eps(), /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+    // The fused kernel writes the parameters without moving their version counters (an in-place
+    // op would): move them, so that what keys on them (fused::WeightCopy) sees the update.
+    for (auto& p : params) p.unsafeGetTensorImpl()->bump_version();
   }
 }
 

@@ -460,6 +460,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     if (do_step) {
       if (cfg.clip_grad > 0) clip_grad_norm(params, cfg.clip_grad);
       optimizer->step();
+      model->refresh_weight_copies();  // the captured micro-step reads them (GPTImpl)
     }
     state.sampler_state = sampler.state();
     ++state.step;

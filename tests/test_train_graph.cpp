@@ -92,6 +92,44 @@ TEST(TrainGraphCuda, ReplaysAccumulateTheGradientsOfEagerMicroSteps) {
   EXPECT_THROW(graph.run(torch::zeros({1, 128}, torch::kLong)), std::invalid_argument);
 }
 
+// The projections' half-precision weight copies (fused::WeightCopy) are read by the captured
+// micro-step: after the weights change (an optimiser step), GPT::refresh_weight_copies() makes
+// replays compute with the new weights, as an eager micro-step of the same weights does.
+TEST(TrainGraphCuda, ReplaysSeeWeightsRefreshedAfterTheyChange) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const auto dev = torch::Device(torch::kCUDA);
+  torch::manual_seed(12);
+  GPT eager(graph_config());
+  eager->to(dev);
+  GPT graphed(graph_config());
+  graphed->to(dev);
+  auto pa = eager->parameters(), pb = graphed->parameters();
+  {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+  }
+  auto batch = [] { return torch::randint(0, 256, {2, 128}, torch::TensorOptions().dtype(torch::kLong)).pin_memory(); };
+  GraphStreamScope scope(dev);
+  TrainStepGraph graph([&](const at::Tensor& w) { return micro_step(graphed, w, 1); });
+  (void)micro_step(graphed, batch().to(dev), 1);  // eager: the copies and gradients exist before the capture
+  (void)graph.run(batch());                        // capture and first replay
+  for (int step = 0; step < 2; ++step) {
+    {
+      torch::NoGradGuard ng;
+      for (size_t i = 0; i < pa.size(); ++i) {
+        const at::Tensor delta = 0.05 * torch::randn_like(pa[i]);
+        pa[i].add_(delta);
+        pb[i].add_(delta);
+      }
+    }
+    graphed->refresh_weight_copies();
+    const at::Tensor b = batch();
+    const double replayed = graph.run(b).item<double>();
+    const double eager_loss = micro_step(eager, b.to(dev), 1).item<double>();
+    EXPECT_NEAR(replayed, eager_loss, 2e-3 * std::abs(eager_loss)) << "step " << step;
+  }
+}
+
 TEST(TrainGraph, OffReasonsNameWhatRulesTheGraphOut) {
   const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
   EXPECT_EQ(train_graph_off_reason("off", cuda, false, false), "--cuda-graph off");

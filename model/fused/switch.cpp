@@ -29,6 +29,11 @@ bool fused_ops_enabled(const at::Tensor& t) {
   return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
+bool weight_copies_enabled() {
+  const char* env = std::getenv("FLASHCOS_WEIGHT_COPIES");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
 at::ScalarType activation_dtype(const at::Tensor& t) {
   const auto device = t.device().type();
   if (at::autocast::is_autocast_enabled(device) && at::isFloatingType(t.scalar_type())) {
