@@ -79,6 +79,48 @@ __device__ __forceinline__ void store8(void* ptr, DType dtype, int64_t off, cons
   *reinterpret_cast<uint4*>(static_cast<uint16_t*>(ptr) + off) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// load8 / store8 with the dtype known at compile time (for the hottest kernels: no switch, fewer
+// registers, so more rows in flight).
+template <DType kDtype>
+__device__ __forceinline__ void load8(const void* ptr, int64_t off, float (&out)[kVec]) {
+  if constexpr (kDtype == DType::kFloat) {
+    load8(ptr, DType::kFloat, off, out);
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(ptr) + off);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f;
+      if constexpr (kDtype == DType::kHalf) {
+        f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      } else {
+        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+      }
+      out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
+  }
+}
+
+template <DType kDtype>
+__device__ __forceinline__ void store8(void* ptr, int64_t off, const float (&in)[kVec]) {
+  if constexpr (kDtype == DType::kFloat) {
+    store8(ptr, DType::kFloat, off, in);
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kDtype == DType::kHalf) {
+        const __half2 h = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(ptr) + off) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // v rounded to nearest in `dtype` and back: what a store then a load would give.
 __device__ __forceinline__ float round_to(DType dtype, float v) {
   if (dtype == DType::kHalf) return __half2float(__float2half_rn(v));
