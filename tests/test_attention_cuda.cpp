@@ -80,6 +80,12 @@ std::vector<Case> all_cases() {
     C("d128_causal_i_lt_j_63x1000",  1, 2, 2, 63, 1000, 128).causal(),
     C("d128_len1",                   2, 2, 2, 1, 1, 128),
     C("d128_mq_exp_causal",          2, 4, 1, 300, 700, 128).mq().exp_kind().scale(1.2).causal(),
+    // Head dims below the Hopper tiles' 64 / 128 (zero-padded there), no mask, no bias.
+    C("d16_causal_1000",             1, 2, 2, 1000, 1000, 16).causal(),
+    C("d32_grouped_127x2049",        2, 4, 2, 127, 2049, 32),
+    C("d80_causal_2049",             1, 2, 2, 2049, 2049, 80).causal(),
+    C("d96_cross_257x1000",          2, 2, 2, 257, 1000, 96),
+    C("d96_mq_causal_1000",          1, 4, 1, 1000, 1000, 96).mq().causal(),
     // Key masks on the Hopper family: rows with every key masked, I != J, grouped heads.
     C("d64_mask_causal_2049",        2, 2, 2, 2049, 2049, 64).causal().mask(),
     C("d64_mask_grouped_127x1000",   3, 4, 2, 127, 1000, 64).mask(),
@@ -233,11 +239,11 @@ TEST_P(FusedAttention, MatchesFloat64Reference) {
   const Outputs run = run_api(c, in, /*fused=*/true, prm.dtype);
   const int64_t hopper_runs = flashcos::hopper_kernel_launches() - hopper_before;
   ASSERT_TRUE(run.dq.defined() && run.dk.defined() && run.dv.defined()) << "no gradient reached q/k/v";
-  // Which family ran: on a compute capability 9.0 device the Hopper kernels take every 16-bit
-  // d 64 / 128 case without bias, key mask or not (the backward always; the forward unless the
-  // scale needs the online-max variant), unless FLASHCOS_HOPPER=0; nothing else reaches them.
-  const bool hopper_case = (prm.dtype == at::kBFloat16 || prm.dtype == at::kHalf) && (c.D == 64 || c.D == 128) &&
-                           c.bias == BiasMode::kNone;
+  // Which family ran: on a compute capability 9.0 device the Hopper kernels take every 16-bit case
+  // without bias, any head dim (16 / 32 on the d 64 tiles, 80 / 96 on the d 128 ones), key mask or
+  // not (the backward always; the forward unless the scale needs the online-max variant), unless
+  // FLASHCOS_HOPPER=0; nothing else reaches them.
+  const bool hopper_case = (prm.dtype == at::kBFloat16 || prm.dtype == at::kHalf) && c.bias == BiasMode::kNone;
   if (hopper_case && hopper_family_expected()) {
     EXPECT_GE(hopper_runs, 1) << "the Hopper kernels did not run";
   } else {

@@ -85,6 +85,10 @@ INSTANTIATE_TEST_SUITE_P(Gpu, DeterministicBackward, ::testing::Values(
   DetCase{"hopper_bf16_d64_full_gqa",   at::kBFloat16, 1, 4, 2, 1000, 2300, 64},
   DetCase{"hopper_fp16_d128_causal",    at::kHalf,     1, 4, 4, 2048, 2048, 128, true},
   DetCase{"hopper_bf16_d128_full",      at::kBFloat16, 2, 2, 2, 63, 2049, 128},
+  // I = 1040: the last 64-row unit has 16 rows, its second column half's counter the head's spare.
+  DetCase{"hopper_bf16_d128_full_1040", at::kBFloat16, 2, 3, 3, 1040, 2049, 128},
+  DetCase{"hopper_bf16_d96_causal",     at::kBFloat16, 1, 4, 2, 2049, 2049, 96, true},
+  DetCase{"hopper_fp16_d32_mask",       at::kHalf,     2, 2, 2, 1000, 2049, 32, false, true},
   DetCase{"sm80_bf16_d96_mask_bias",    at::kBFloat16, 2, 2, 2, 1000, 2049, 96, true, true, true},
   DetCase{"sm80_fp16_d64_bias_batch",   at::kHalf,     2, 2, 2, 127, 2049, 64, false, false, false, true},
   DetCase{"f32_d64_bias_batch_causal",  at::kFloat,    2, 2, 2, 300, 1000, 64, true, false, false, true},

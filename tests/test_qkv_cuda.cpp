@@ -109,7 +109,7 @@ TEST_P(QkvAttentionCuda, FastPathMatchesFloat64Reference) {
     ASSERT_TRUE(fast.dqkv.defined()) << "no gradient reached qkv";
     EXPECT_EQ(fast.dqkv.sizes(), qkv64.sizes());
     EXPECT_EQ(fast.dqkv.scalar_type(), dt);
-    if ((D == 64 || D == 128) && hopper_family_expected()) {
+    if (hopper_family_expected()) {  // every head dim (padded to the d 64 / d 128 tiles)
       EXPECT_GE(hopper_runs, 1) << "the Hopper kernels did not run";
     } else {
       EXPECT_EQ(hopper_runs, 0) << "the Hopper kernels ran where they do not apply";

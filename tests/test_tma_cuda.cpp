@@ -53,8 +53,10 @@ TEST(HopperTma, TileMapRefusesWhatTheTmaUnitCannotAddress) {
   Sw128TileTensor t = good;
   t.base = static_cast<const char*>(good.base) + 2;  // off 16-byte alignment
   EXPECT_TRUE(refused(t, 64));
-  t = good, t.D = 96;  // not a whole 64-column block
+  t = good, t.D = 100;  // 200-byte rows: not a whole number of 16-byte chunks
   EXPECT_TRUE(refused(t, 64));
+  t = good, t.D = 96;  // a partial last 64-column block is fine (its columns past D load as zeros)
+  EXPECT_FALSE(refused(t, 64));
   t = good, t.row_stride = 68;  // 136 bytes: not a multiple of 16
   EXPECT_TRUE(refused(t, 64));
   t = good, t.dtype = DType::kFloat;
@@ -77,7 +79,8 @@ TEST(HopperTma, Fp32MapRefusesWhatTheTmaUnitCannotAddress) {
     return flashcos::cuda::make_f32_sw128_map(&map, b, 2, 3, rows, D, box_rows) == cudaErrorInvalidValue;
   };
   EXPECT_TRUE(refused(static_cast<char*>(base) + 4, 100, 128, 64));  // off 16-byte alignment
-  EXPECT_TRUE(refused(base, 100, 48, 64));                           // not whole 32-column boxes
+  EXPECT_TRUE(refused(base, 100, 50, 64));                           // 200-byte rows: not 16-byte chunks
+  EXPECT_FALSE(refused(base, 100, 48, 64));                          // a partial last 32-column box is fine
   EXPECT_TRUE(refused(base, 0, 128, 64));
   EXPECT_TRUE(refused(base, 100, 128, 0));
   EXPECT_TRUE(refused(base, 100, 128, 257));

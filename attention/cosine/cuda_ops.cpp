@@ -158,7 +158,7 @@ fc::FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at
 
 struct BwdBuffers {
   at::Tensor delta, row_offset, dq_accum, dq, dk, dv, dbias_accum;
-  at::Tensor dq_semaphore;  // deterministic mode, 16-bit kernels: (B, H, ceil(I / 16)) int32 counters
+  at::Tensor dq_semaphore;  // deterministic mode, 16-bit kernels: (B, H, ceil(I / 16) + 1) int32 counters (dq_semaphore.cuh)
 };
 
 fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -240,7 +240,7 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   if (accum) {
     buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
     buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);     // (B, H, I, D)
-    if (args.deterministic) buf.dq_semaphore = at::zeros({B, H, (I + 15) / 16}, q.options().dtype(at::kInt));
+    if (args.deterministic) buf.dq_semaphore = at::zeros({B, H, (I + 15) / 16 + 1}, q.options().dtype(at::kInt));
   }
   buf.dk = at::empty({B, Hkv, J, D}, q.options());
   buf.dv = dv_out.defined() ? dv_out : at::empty({B, Hkv, J, D}, q.options());

@@ -17,9 +17,14 @@
 
 namespace flashcos::cuda {
 
+// Counters per head: one per 16 rows, and a spare, so that a unit of 64 rows whose two column halves
+// are ordered separately (the Hopper backward's 64-row steps: counters r0 / 16 and r0 / 16 + 1) has
+// both for a last unit of 16 rows or fewer too. The buffer holds B x H x dq_counters_per_head(I).
+__host__ __device__ __forceinline__ int64_t dq_counters_per_head(int64_t I) { return (I + 15) / 16 + 1; }
+
 // The counter of the unit whose first row is r0 (a multiple of 16) in head (b, h).
 __device__ __forceinline__ int* dq_unit_counter(int* base, int b, int H, int h, int I, int r0) {
-  return base + (int64_t(b) * H + h) * ((I + 15) / 16) + r0 / 16;
+  return base + (int64_t(b) * H + h) * dq_counters_per_head(I) + r0 / 16;
 }
 
 __device__ __forceinline__ void dq_unit_wait(const int* counter, int target) {

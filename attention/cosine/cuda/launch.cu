@@ -1,6 +1,7 @@
 // The launchers: pick the kernel family for the inputs and the device, then the template
 // instance for (dtype, head dim). Families:
-//   * Hopper (attention/cosine/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, d 64 / 128, with or without
+//   * Hopper (attention/cosine/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, every head dim (16 / 32 on
+//     the d 64 tiles, 80 / 96 on the d 128 ones, zero-padded), with or without
 //     a key mask, no bias, scales inside the fixed-offset range of the forward; used on compute capability 9.0
 //     devices when the build has it (FLASHCOS_HAS_HOPPER) and FLASHCOS_HOPPER is not "0".
 //   * sm_80+ mma.sync kernels for every other fp16 / bf16 case;
@@ -39,10 +40,11 @@ bool hopper_device() {
   return major == 9 && minor == 0;
 }
 
+// Head dims up to 64 run on the d 64 tiles, the others on the d 128 ones (hopper/tma_map.h: the
+// columns past the head dim load as zeros and are not stored).
 bool hopper_covers(const CommonParams& p) {
 #ifdef FLASHCOS_HAS_HOPPER
-  return is_16bit(p.dtype) && (p.D == 64 || p.D == 128) && p.bias == nullptr &&
-         hopper_enabled() && hopper_device();
+  return is_16bit(p.dtype) && supports_head_dim(p.D) && p.bias == nullptr && hopper_enabled() && hopper_device();
 #else
   (void)p;
   return false;
@@ -69,7 +71,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 #ifdef FLASHCOS_HAS_HOPPER
     case Family::kHopper: {
       const cudaError_t err = FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
-        return p.D == 64 ? launch_fwd_hopper<T, 64>(p, stream) : launch_fwd_hopper<T, 128>(p, stream);
+        return p.D <= 64 ? launch_fwd_hopper<T, 64>(p, stream) : launch_fwd_hopper<T, 128>(p, stream);
       });
       // cudaErrorNotSupported: the TMA unit cannot address these inputs; the sm_80 kernels run.
       if (err != cudaErrorNotSupported) {
@@ -97,7 +99,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
 #ifdef FLASHCOS_HAS_HOPPER
     case Family::kHopper: {
       const cudaError_t err = FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
-        return p.D == 64 ? launch_bwd_hopper<T, 64>(p, stream) : launch_bwd_hopper<T, 128>(p, stream);
+        return p.D <= 64 ? launch_bwd_hopper<T, 64>(p, stream) : launch_bwd_hopper<T, 128>(p, stream);
       });
       // cudaErrorNotSupported: the TMA unit cannot address these inputs; the sm_80 kernels run.
       if (err != cudaErrorNotSupported) {

@@ -84,6 +84,9 @@ struct BwdParams : CommonParams {
   // only after every lower key block did: counter r0 / 16 counts the adds made so far
   // (dq_semaphore.cuh).
   int* dq_semaphore = nullptr;
+  // The Hopper backward's CTA order (bwd_hopper_ws.cuh): key blocks in bands of this many, the
+  // bands slowest, then (b, kv head), then the key block in its band. Set by its launcher.
+  int key_band = 1;
 };
 
 // Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the

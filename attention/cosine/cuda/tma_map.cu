@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kSelftestThreads) tma_selftest_kernel(const __
 cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int box_rows) {
   const bool shape_ok = t.base != nullptr && reinterpret_cast<uintptr_t>(t.base) % 16 == 0 &&
                         (t.dtype == DType::kHalf || t.dtype == DType::kBFloat16) && t.B >= 1 && t.H >= 1 &&
-                        t.rows >= 1 && t.D >= 64 && t.D % 64 == 0 && box_rows >= 1 && box_rows <= 256;
+                        t.rows >= 1 && t.D >= 8 && t.D % 8 == 0 && box_rows >= 1 && box_rows <= 256;
   const bool strides_ok = t.row_stride >= t.D && t.row_stride % 8 == 0 && t.h_stride > 0 && t.h_stride % 8 == 0 &&
                           t.b_stride > 0 && t.b_stride % 8 == 0;
   if (map == nullptr || !shape_ok || !strides_ok) return cudaErrorInvalidValue;
@@ -102,7 +102,7 @@ cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int 
 cudaError_t make_f32_sw128_map(CUtensorMap* map, void* base, int64_t B, int64_t H, int64_t rows, int64_t D,
                                int box_rows) {
   const bool ok = map != nullptr && base != nullptr && reinterpret_cast<uintptr_t>(base) % 16 == 0 && B >= 1 &&
-                  H >= 1 && rows >= 1 && D >= 32 && D % 32 == 0 && box_rows >= 1 && box_rows <= 256;
+                  H >= 1 && rows >= 1 && D >= 4 && D % 4 == 0 && box_rows >= 1 && box_rows <= 256;
   if (!ok) return cudaErrorInvalidValue;
   const EncodeTiled encode = encode_tiled();
   if (encode == nullptr) return cudaErrorInvalidValue;

@@ -6,6 +6,7 @@
 // inputs the TMA unit cannot address go to the sm_80 kernels (launch.cu).
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -14,6 +15,24 @@
 #include "attention/cosine/cuda/tuning.h"
 
 namespace flashcos::cuda {
+
+// The backward's CTA order (BwdParams::key_band): causal 1 (key block slowest), not causal every key
+// block (fastest), deterministic and not causal bands of 8 key blocks (d 64 tiles) or 16 (d 128),
+// or FLASHCOS_HOPPER_DET_BAND (read once). H100 bf16 b4 h8 n 8192, deterministic backward ms by
+// band 1 / 4 / 8 / 16 / 32 / 64, d64: 3.13 / 3.22 / 3.07 / 3.31 / 3.62 / 4.25, d128: 8.94 / 6.25 /
+// 5.85 / 5.78 / 5.93 / 6.41, against 2.69-2.83 and 5.21-5.27 not deterministic (run D6 of
+// 2026-11-26): with band 1 the CTAs running together read 32 heads' Q / dO (d128: 128 MiB, past L2);
+// wide bands make the chain of key blocks that add into one dQ unit in turn long.
+template <int D>
+int hopper_bwd_key_band(const BwdParams& p, int block_keys) {
+  static const int det_band = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_DET_BAND");
+    return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : D == 128 ? 16 : 8;
+  }();
+  const int n_blocks = (p.J + block_keys - 1) / block_keys;
+  if (p.causal) return 1;
+  return p.dq_semaphore != nullptr ? std::min(det_band, n_blocks) : n_blocks;
+}
 
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
@@ -25,24 +44,28 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
     using Tile = hopper::BwdWsTile<D, BM, kTmaDq>;
     hopper::BwdTmaMaps maps;
-    const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
-    const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
-    const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
-    const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
+    // The maps have the head dim p.D (<= D): columns past it load as zeros.
+    if (p.D > D) return cudaErrorNotSupported;
+    const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, p.D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
+    const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, p.D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
+    const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, p.D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
+    const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, p.D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
     if (make_sw128_tile_map(&maps.q, q, BM) != cudaSuccess ||
         make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
         make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
         make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess ||
-        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, D, 64) != cudaSuccess)) {
+        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, p.D, 64) != cudaSuccess)) {
       return cudaErrorNotSupported;
     }
     const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
+    BwdParams banded = p;
+    banded.key_band = hopper_bwd_key_band<D>(p, Tile::kBN);
     auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
                                             : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
-    return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, p);
+    return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
   }
 }
 

@@ -66,7 +66,9 @@ struct BwdTmaMaps {
 
 template <int D, int BM, bool kTmaDq>
 struct BwdWsTile {
-  static_assert(D == 64 || D == 128, "the Hopper backward covers head dims 64 and 128");
+  // Head dims below D run on the same tiles: their operands' columns past p.D load as zeros (TMA),
+  // and nothing past p.D is stored (bwd_hopper_ws_kernel); 16 / 32 on d 64, 80 / 96 on d 128.
+  static_assert(D == 64 || D == 128, "the Hopper backward's tiles have 64 or 128 columns");
   static_assert(BM == 64 || BM == 128, "64 or 128 query rows per step");
   static constexpr int kBN = 128;  // keys per CTA, 64 per consumer warpgroup
   static constexpr int kBM = BM;   // query rows per step
@@ -131,17 +133,19 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint64_t* bar_dq_empty = bar_dq_full + 2;  // the producer's reduction has read it (1 arrival)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
-  // Linear grid. Causal: key block slowest, so that every (b, kv head)'s block 0, the one with the
-  // most query rows, is dispatched first instead of the last (b, head)'s long CTAs trailing the
-  // others. Not causal: key block fastest, so that the CTAs running together share one (b, head)'s
-  // Q / dO in L2. Deterministic: key block slowest as well, so that the CTAs running together hold
-  // a few key blocks of many heads and the chain of key blocks that add into one dQ unit in turn
-  // stays a few CTAs long.
+  // Linear grid in bands of p.key_band key blocks (launch_bwd_hopper_ws picks it): band slowest,
+  // then (b, kv head), then the key block inside the band. Band 1 (causal: key block slowest) puts
+  // every (b, kv head)'s block 0, the one with the most query rows, first instead of the last
+  // (b, head)'s long CTAs trailing the others. A band of every key block (not causal: key block
+  // fastest) lets the CTAs running together share one (b, head)'s Q / dO in L2. Deterministic, not
+  // causal: a band in between, so that the CTAs running together share a few heads' Q / dO and the
+  // chain of key blocks that add into one dQ unit in turn stays a band long.
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
-  const bool block_slowest = p.causal || kDet;
-  const unsigned slow = block_slowest ? unsigned(heads_batches) : unsigned(n_blocks);
-  const int n_block = block_slowest ? int(blockIdx.x / slow) : int(blockIdx.x % slow);
-  const int hb = block_slowest ? int(blockIdx.x % slow) : int(blockIdx.x / slow);
+  const int band = p.key_band, band_ctas = band * heads_batches;
+  const int band_idx = int(blockIdx.x / unsigned(band_ctas)), in_band = int(blockIdx.x % unsigned(band_ctas));
+  const int band_w = min(band, n_blocks - band_idx * band);  // the last band may be narrower
+  const int n_block = band_idx * band + in_band % band_w;
+  const int hb = in_band / band_w;
   const int hkv = hb % p.Hkv, b = hb / p.Hkv;
   const int group = p.H / p.Hkv;
   const int I = p.I, J = p.J, H = p.H;
@@ -203,13 +207,16 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         dq_unit_done(counter);
         counter = nullptr;
       };
+      const int col0 = kSplitRows ? 0 : 64 * cc;
+      // 32-column boxes of this consumer's dQ part below the head dim (2 unless it is below D).
+      const int boxes = min(2, (p.D - col0 + 31) / 32);
       for (int k = 0; k < n_iters; ++k) {
         const int h = step_h(k), m0 = step_m0(k);
-        const int row0 = m0 + (kSplitRows ? 64 * cc : 0), col0 = kSplitRows ? 0 : 64 * cc;
+        const int row0 = m0 + (kSplitRows ? 64 * cc : 0);
         int* counter = nullptr;
-        auto wait_turn = [&] {  // 64-row steps: both halves of a unit count
-          counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0);
-          dq_unit_wait(counter, kSplitRows ? n_block : 2 * n_block);
+        auto wait_turn = [&] {  // 64-row steps: each column half has its own counter
+          counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0) + (kSplitRows ? 0 : cc);
+          dq_unit_wait(counter, n_block);
           fence_proxy_async_global();
         };
         if constexpr (kDet && kDetAhead) {
@@ -220,8 +227,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
           if constexpr (kDet && !kDetAhead) wait_turn();
 #pragma unroll
           for (int box = 0; box < 2; ++box)
-            tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
-                              row0, h, b);
+            if (box < boxes)
+              tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
+                                row0, h, b);
         }
         bulk_commit();
         bulk_wait_read<0>();
@@ -303,7 +311,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint32_t rPf[kMT][4], rdSf[kMT][4];
 
   // Deterministic (kDet) without kTmaDq: this consumer's rows (128-row steps) or columns (64-row
-  // steps) of a unit go in after every lower key block's; named barrier 2 + c is the consumer
+  // steps, one counter per column half) of a unit go in after every lower key block's; named barrier 2 + c is the consumer
   // warpgroup's. The count of step it's adds waits until the next flush, when their fence finds
   // them long done.
   auto unit_rows0 = [&](int it) { return step_m0(it) + (kSplitRows ? c * 64 : 0); };
@@ -311,7 +319,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (unit_rows0(it) >= I) return;
     __threadfence();
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
-    if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, step_h(it), I, unit_rows0(it)));
+    if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, step_h(it), I, unit_rows0(it)) + (kSplitRows ? 0 : c));
   };
   auto hand_off_dq = [&] {
     fence_proxy_async();
@@ -339,12 +347,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       return;
     }
     const int h = step_h(it), m0 = step_m0(it);
-    float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * D;
+    float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * p.D;
     const bool ordered = kDet && unit_rows0(it) < I;
     if (kDet && it > 0) count_unit(it - 1);
     if (ordered) {
       if (tid % 128 == 0)
-        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, unit_rows0(it)), kSplitRows ? n_block : 2 * n_block);
+        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, unit_rows0(it)) + (kSplitRows ? 0 : c), n_block);
       asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
     }
 #pragma unroll
@@ -353,8 +361,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if (r >= I) continue;
 #pragma unroll
       for (int i = 0; i < kNQ / 8; ++i)
-        atomic_add2(gdQ + int64_t(r) * D + (kSplitRows ? 0 : c * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
-                    rdQ[4 * i + 2 * e0 + 1] * p.scale);
+        if ((kSplitRows ? 0 : c * kNQ) + i * 8 < p.D)
+          atomic_add2(gdQ + int64_t(r) * p.D + (kSplitRows ? 0 : c * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
+                      rdQ[4 * i + 2 * e0 + 1] * p.scale);
     }
   };
   // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row steps:
@@ -566,8 +575,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (col >= J) continue;
     T* gdK = static_cast<T*>(p.dk) + b * p.dk_b_stride + hkv * p.dk_h_stride + int64_t(col) * p.dk_j_stride;
     T* gdV = static_cast<T*>(p.dv) + b * p.dv_b_stride + hkv * p.dv_h_stride + int64_t(col) * p.dv_j_stride;
+    // Columns past a head dim below D are padding: not stored (kept out of the common case's loop).
+    const int store_cols = p.D < D ? p.D : D;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
+      if (dt * 8 >= store_cols) break;
       *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
           pack2<T>(rdK[4 * dt + 2 * e0] * p.scale, rdK[4 * dt + 2 * e0 + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);

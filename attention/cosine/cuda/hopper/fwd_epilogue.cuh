@@ -34,8 +34,9 @@ __device__ __forceinline__ void store_fwd_rows(const FwdParams& p, const float (
     T* gO = static_cast<T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(r) * p.o_i_stride;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
-          pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
+      if (dt * 8 < p.D)  // a head dim below the kernel's D: the padding columns are not stored
+        *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
+            pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
     if (t == 0 && p.l != nullptr)
       static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * p.I + r] = lt * exp2f(-kFwdShiftLog2<T>);
   }

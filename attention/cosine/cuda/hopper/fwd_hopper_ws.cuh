@@ -358,9 +358,11 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   using Tile = hopper::FwdWsTile<D, L>;
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
   hopper::FwdTmaMaps maps;
-  const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
-  const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
-  const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
+  // The maps have the head dim p.D (<= D): columns past it load as zeros.
+  if (p.D > D) return cudaErrorNotSupported;
+  const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, p.D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
+  const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, p.D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
+  const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, p.D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
   if (make_sw128_tile_map(&maps.q, q, Tile::kBM) != cudaSuccess ||
       make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
       make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {

@@ -22,7 +22,9 @@ namespace flashcos::cuda {
 struct Sw128TileTensor {
   const void* base = nullptr;  // 16-byte aligned
   DType dtype = DType::kBFloat16;  // kHalf or kBFloat16
-  int64_t B = 0, H = 0, rows = 0, D = 0;  // D a multiple of 64
+  // D a multiple of 8 (16-byte rows). A kernel that tiles D up to the next multiple of 64 (head dims
+  // 16 .. 96 on the d 64 / d 128 kernels) gets zeros for the columns past D, as for rows past `rows`.
+  int64_t B = 0, H = 0, rows = 0, D = 0;
   int64_t b_stride = 0, h_stride = 0, row_stride = 0;  // elements; multiples of 8; the last dim contiguous
 };
 
@@ -31,7 +33,7 @@ struct Sw128TileTensor {
 cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int box_rows);
 
 // Fills `map` for boxes of `box_rows` (1..256) rows x 32 columns of a contiguous fp32 (B, H, rows, D)
-// tensor, 128-byte swizzled (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16): the dQ
+// tensor (D a multiple of 4; a reduction into a box past D adds only its columns below D), 128-byte swizzled (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16): the dQ
 // accumulator of the Hopper backward, added to by TMA reductions. cudaErrorInvalidValue as above.
 cudaError_t make_f32_sw128_map(CUtensorMap* map, void* base, int64_t B, int64_t H, int64_t rows, int64_t D,
                                int box_rows);
