@@ -355,3 +355,55 @@ TEST(FusedOpsCuda, GptLossAndGradsMatchTheCompositePath) {
 }
 
 }  // namespace
+
+namespace {
+
+// The fused operators add their parameters' gradients straight into an existing .grad
+// (model/fused/grad_accumulate.h): a second backward must give the first's gradients plus what
+// .grad held, as autograd's own accumulation would.
+TEST(FusedOpsCuda, ParameterGradientsAddIntoAnExistingGrad) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+  at::manual_seed(21);
+  const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const int64_t N = 1000, C = 512, F = 2048;
+  const at::Tensor x = at::randn({N, C}, f32), r = at::randn({N, C}, f32).to(at::kBFloat16);
+  const at::Tensor y = at::randn({N, F}, f32).to(at::kBFloat16);
+  at::Tensor gamma = (1 + 0.1 * at::randn({C}, f32)).requires_grad_(true);
+  at::Tensor beta = (0.1 * at::randn({C}, f32)).requires_grad_(true);
+  at::Tensor r_bias = (0.1 * at::randn({C}, f32)).requires_grad_(true);
+  at::Tensor b = (0.1 * at::randn({F}, f32)).requires_grad_(true);
+  const std::vector<at::Tensor> params = {gamma, beta, r_bias, b};
+  const at::Tensor dnorm = at::randn({N, C}, f32).to(at::kBFloat16), dh = at::randn({N, F}, f32).to(at::kBFloat16);
+  auto backward = [&] {
+    const auto out = fused::add_layer_norm(x, r, r_bias, gamma, beta, 1e-5, at::kBFloat16);
+    const at::Tensor h = fused::bias_gelu(y, b);
+    torch::autograd::backward({out.normed, h}, {dnorm, dh});
+  };
+  backward();  // .grad undefined: autograd takes the fresh gradients
+  std::vector<at::Tensor> fresh, preset;
+  for (const auto& p : params) {
+    ASSERT_TRUE(p.grad().defined());
+    fresh.push_back(p.grad().clone());
+    preset.push_back(at::randn_like(p));
+    p.mutable_grad() = preset.back().clone();
+  }
+  backward();  // .grad defined: the kernels add into it
+  const char* names[] = {"gamma", "beta", "r_bias", "b"};
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor want = preset[i] + fresh[i];
+    EXPECT_LE(ft::max_abs_diff(params[i].grad(), want), 1e-4 * (1 + ft::max_abs(want))) << names[i];
+  }
+  // A hooked parameter gets its gradient through autograd (the hook sees it), added all the same.
+  at::Tensor seen;
+  b.register_hook([&](const at::Tensor& g) {
+    seen = g.clone();
+    return g;
+  });
+  const at::Tensor before = b.grad().clone();
+  backward();
+  ASSERT_TRUE(seen.defined());
+  EXPECT_LE(ft::max_abs_diff(seen, fresh[3]), 1e-4 * (1 + ft::max_abs(fresh[3])));
+  EXPECT_LE(ft::max_abs_diff(b.grad(), before + fresh[3]), 1e-4 * (1 + ft::max_abs(before)));
+}
+
+}  // namespace

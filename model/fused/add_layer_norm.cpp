@@ -10,6 +10,7 @@
 #include "attention/common/poison.h"
 #include "model/fused/switch.h"
 #include "model/device.h"
+#include "model/fused/grad_accumulate.h"
 #include "model/kernel_tensors.h"
 
 #ifdef FLASHCOS_WITH_CUDA
@@ -90,6 +91,10 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       y = (centred * rstd.unsqueeze(-1) * gamma.to(ct) + beta.to(ct)).to(out_dtype);
     }
     ctx->save_for_backward({s, gamma, mean, rstd});
+    // The parameters themselves, for their .grad (grad_accumulate.h).
+    ctx->saved_data["gamma"] = gamma;
+    ctx->saved_data["beta"] = beta;
+    if (has_bias) ctx->saved_data["r_bias"] = r_bias;
     ctx->saved_data["kernel"] = kernel;
     ctx->saved_data["has_r"] = has_r;
     ctx->saved_data["has_bias"] = has_bias;
@@ -132,14 +137,24 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       dx = at::empty({N, C}, s.options().dtype(x_dtype));
       const bool separate_dr = has_r && r_dtype != x_dtype;
       if (separate_dr) dr = at::empty({N, C}, s.options().dtype(r_dtype));
-      dgamma = at::empty({C}, gamma.options());
-      dbeta = at::empty({C}, gamma.options().dtype(beta_dtype));
-      if (has_bias) dbias = at::empty({C}, gamma.options().dtype(bias_dtype));
+      // Parameter gradients straight into their .grad where that is what autograd would do.
+      // needs_input_grad counts the tensor inputs present: x, (r, (r_bias,)) gamma, beta.
+      auto into_grad = [&](const char* name, size_t edge) {
+        return ctx->needs_input_grad(edge) && grad_accumulates_here(ctx->saved_data[name].toTensor());
+      };
+      const size_t gamma_edge = 1 + (has_r ? 1 : 0) + (has_bias ? 1 : 0);
+      const bool gamma_in = into_grad("gamma", gamma_edge), beta_in = into_grad("beta", gamma_edge + 1);
+      const bool bias_in = has_bias && into_grad("r_bias", 2);
+      dgamma = gamma_in ? ctx->saved_data["gamma"].toTensor().grad() : at::empty({C}, gamma.options());
+      dbeta = beta_in ? ctx->saved_data["beta"].toTensor().grad() : at::empty({C}, gamma.options().dtype(beta_dtype));
+      if (has_bias) {
+        dbias = bias_in ? ctx->saved_data["r_bias"].toTensor().grad() : at::empty({C}, gamma.options().dtype(bias_dtype));
+      }
       flashcos::detail::poison_if_requested(dx);
       if (separate_dr) flashcos::detail::poison_if_requested(dr);
-      flashcos::detail::poison_if_requested(dgamma);
-      flashcos::detail::poison_if_requested(dbeta);
-      if (has_bias) flashcos::detail::poison_if_requested(dbias);
+      if (!gamma_in) flashcos::detail::poison_if_requested(dgamma);
+      if (!beta_in) flashcos::detail::poison_if_requested(dbeta);
+      if (has_bias && !bias_in) flashcos::detail::poison_if_requested(dbias);
       fc::AddLayerNormParams p;
       p.rows = N, p.width = int(C), p.num_sms = current_sm_count();
       p.x = s.data_ptr(), p.x_dtype = to_dtype(x_dtype);  // read only where there is no r: then s is x
@@ -166,7 +181,12 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       at::Tensor partials = at::empty({blocks, nq, C}, s.options().dtype(at::kFloat));
       p.partials = partials.data_ptr<float>();
       p.dgamma = dgamma.data_ptr(), p.dbeta = dbeta.data_ptr();
+      p.accumulate_dgamma = gamma_in, p.accumulate_dbeta = beta_in, p.accumulate_dr_bias = bias_in;
       C10_CUDA_CHECK(fc::run_add_layer_norm_bwd(p, at::cuda::getCurrentCUDAStream()));
+      // Added already: nothing for autograd to add.
+      if (gamma_in) dgamma = at::Tensor();
+      if (beta_in) dbeta = at::Tensor();
+      if (bias_in) dbias = at::Tensor();
       if (has_r && !separate_dr) dr = dx;
 #endif
     } else {
@@ -182,7 +202,8 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       dgamma = (dyf * xhat).sum(0).to(gamma.scalar_type());
       dbeta = dyf.sum(0).to(beta_dtype);
     }
-    return {dx.view(sizes), has_r ? dr.view(sizes) : none, has_bias ? dbias : none, dgamma, dbeta, none, none};
+    return {dx.view(sizes), has_r ? dr.view(sizes) : none, has_bias && dbias.defined() ? dbias : none, dgamma, dbeta,
+            none, none};
   }
 };
 

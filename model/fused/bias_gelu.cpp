@@ -7,6 +7,7 @@
 
 #include "attention/common/poison.h"
 #include "model/device.h"
+#include "model/fused/grad_accumulate.h"
 #include "model/kernel_tensors.h"
 
 #ifdef FLASHCOS_WITH_CUDA
@@ -54,6 +55,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       h = at::gelu(y2.to(ct) + b.to(ct)).to(y.scalar_type());
     }
     ctx->save_for_backward({y2, b});
+    ctx->saved_data["b"] = b;  // the parameter itself, for its .grad
     ctx->saved_data["kernel"] = kernel;
     ctx->saved_data["sizes"] = y.sizes();
     return h.view(y.sizes());
@@ -74,9 +76,12 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       const c10::cuda::CUDAGuard guard(y.device());
       if (!aligned16(dh)) dh = dh.clone();
       dy = at::empty({N, F}, y.options());
-      db = at::empty({F}, b.options());
+      // db straight into b's .grad where that is what autograd would do (grad_accumulate.h).
+      const at::Tensor b_param = ctx->saved_data["b"].toTensor();
+      const bool into_grad = ctx->needs_input_grad(1) && grad_accumulates_here(b_param);
+      db = into_grad ? b_param.grad() : at::empty({F}, b.options());
       flashcos::detail::poison_if_requested(dy);
-      flashcos::detail::poison_if_requested(db);
+      if (!into_grad) flashcos::detail::poison_if_requested(db);
       fc::BiasGeluParams p;
       p.rows = N, p.width = int(F), p.num_sms = current_sm_count();
       p.y = y.data_ptr(), p.dtype = to_dtype(y.scalar_type());
@@ -86,7 +91,9 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       at::Tensor partials = at::empty({fc::bias_gelu_backward_row_blocks(p), F}, y.options().dtype(at::kFloat));
       p.partials = partials.data_ptr<float>();
       p.db = db.data_ptr();
+      p.accumulate_db = into_grad;
       C10_CUDA_CHECK(fc::run_bias_gelu_bwd(p, at::cuda::getCurrentCUDAStream()));
+      if (into_grad) db = at::Tensor();  // added already: nothing for autograd to add
 #endif
     } else {
       const auto ct = op_compute_type({y.scalar_type(), b.scalar_type()});

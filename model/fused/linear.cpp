@@ -3,11 +3,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include "model/fused/gemm_accumulate.h"
+#include "model/fused/grad_accumulate.h"
 
 namespace flashcos::model::fused {
 namespace {
@@ -15,22 +13,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Whether weight i's gradient may be written into its .grad here: a plain backward over the whole
-// graph (no torch::autograd::grad, no inputs= subset, no create_graph), a float32 leaf whose
-// gradient accumulation nothing hooks, and a .grad (if any) this GEMM can add to.
+// Weight gradients written into .grad here (grad_accumulate.h), float32 weights only: the GEMM
+// accumulates in float32.
 bool accumulate_here(const at::Tensor& w) {
-  if (at::GradMode::is_enabled() || !w.requires_grad() || w.grad_fn() || w.scalar_type() != at::kFloat) return false;
-  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
-  if (exec_info != nullptr && !exec_info->empty()) return false;
-  if (const auto acc = torch::autograd::impl::try_get_grad_accumulator(w)) {
-    if (!acc->pre_hooks().empty() || !acc->tensor_pre_hooks().empty() || !acc->post_hooks().empty() ||
-        !acc->retains_grad_hooks().empty()) {
-      return false;
-    }
-  }
-  const at::Tensor& g = w.grad();
-  return !g.defined() || (g.scalar_type() == at::kFloat && g.sizes() == w.sizes() && g.is_contiguous() &&
-                          g.device() == w.device() && !g.is_sparse());
+  return w.scalar_type() == at::kFloat && grad_accumulates_here(w, /*allow_undefined=*/true);
 }
 
 // Several weights' gradients as one GEMM into one float32 buffer whose row blocks are their .grad

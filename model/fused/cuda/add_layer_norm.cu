@@ -193,11 +193,11 @@ __global__ void __launch_bounds__(kColSumThreads) layer_norm_param_grads_reduce_
   if (threadIdx.x >= kColSumCols || col >= cols) return;
   const int q = col / p.width, c = col % p.width;
   if (q == 0) {
-    store1(p.dgamma, p.w_dtype, c, acc);
+    store1(p.dgamma, p.w_dtype, c, p.accumulate_dgamma ? acc + load1(p.dgamma, p.w_dtype, c) : acc);
   } else if (q == 1) {
-    store1(p.dbeta, p.w_dtype, c, acc);
+    store1(p.dbeta, p.w_dtype, c, p.accumulate_dbeta ? acc + load1(p.dbeta, p.w_dtype, c) : acc);
   } else {
-    store1(p.dr_bias, p.r_bias_dtype, c, acc);
+    store1(p.dr_bias, p.r_bias_dtype, c, p.accumulate_dr_bias ? acc + load1(p.dr_bias, p.r_bias_dtype, c) : acc);
   }
 }
 

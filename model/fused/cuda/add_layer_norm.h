@@ -57,6 +57,8 @@ struct AddLayerNormParams {
   void* dgamma = nullptr;     // (C), w's dtype
   void* dbeta = nullptr;      // (C), w's dtype
   void* dr_bias = nullptr;    // (C), r_bias's dtype (with r_bias)
+  // Add to what dgamma / dbeta / dr_bias hold instead of overwriting it (a parameter's .grad).
+  bool accumulate_dgamma = false, accumulate_dbeta = false, accumulate_dr_bias = false;
 };
 
 constexpr int kAddLayerNormMaxWidth = 1024;

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(kColSumThreads) bias_gelu_bias_grad_reduce_ker
                                                                                     int row_blocks) {
   const float acc = column_sum_of_partials(p.partials, row_blocks, p.width, p.width);
   const int col = blockIdx.x * kColSumCols + threadIdx.x;
-  if (threadIdx.x < kColSumCols && col < p.width) store1(p.db, p.b_dtype, col, acc);
+  if (threadIdx.x < kColSumCols && col < p.width)
+    store1(p.db, p.b_dtype, col, p.accumulate_db ? acc + load1(p.db, p.b_dtype, col) : acc);
 }
 
 int column_tiles(const BiasGeluParams& p) { return (p.width + kTileCols - 1) / kTileCols; }

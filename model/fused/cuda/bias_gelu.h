@@ -37,6 +37,7 @@ struct BiasGeluParams {
   void* dy = nullptr;         // (N, F)
   float* partials = nullptr;  // (bias_gelu_backward_row_blocks, F) scratch
   void* db = nullptr;         // (F)
+  bool accumulate_db = false;  // add to what db holds instead of overwriting it (a parameter's .grad)
 };
 
 bool bias_gelu_supported(int64_t width);
