@@ -36,10 +36,12 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 // gelu(z) = z Phi(z), written as at::gelu (approximate 'none') writes it in float32.
 __device__ __forceinline__ float gelu(float z) { return z * 0.5f * (1.f + erff(z * kSqrtHalf)); }
 
-// gelu'(z) = Phi(z) + z phi(z), as at::gelu_backward writes it in float32.
+// gelu'(z) = Phi(z) + z phi(z), as at::gelu_backward writes it in float32, with the fast exp
+// (__expf, a few ulp on exp(-z^2 / 2) <= 1; the result is rounded to 16 bits): the backward 1.27 ->
+// 1.24 ms a micro-step on an H100 (runs D7, D10 of 2026-11-26).
 __device__ __forceinline__ float gelu_grad(float z) {
   const float cdf = 0.5f * (1.f + erff(z * kSqrtHalf));
-  const float pdf = expf(-0.5f * z * z) * kInvSqrt2Pi;
+  const float pdf = __expf(-0.5f * z * z) * kInvSqrt2Pi;
   return cdf + z * pdf;
 }
 
