@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/cuda.h>
 #include <torch/optim/adam.h>
 
@@ -113,6 +116,41 @@ TEST(LinearFromCopy, HookedWeightGetsItsGradientThroughAutograd) {
   EXPECT_LE(ft::max_abs_diff(seen, dw1), 1e-5);
   EXPECT_LE(ft::max_abs_diff(ws[1].grad(), dw1), 1e-5);
   EXPECT_LE(ft::max_abs_diff(ws[0].grad(), at::mm(dy.narrow(1, 0, 6).t(), x.detach())), 1e-5);
+}
+
+// Data parallel's Reducer hooks each parameter's gradient accumulator (a post hook that all-reduces
+// what was accumulated): the hook must run once per backward and find the gradient in .grad (the
+// Function then hands the gradient to autograd's accumulation, grad_accumulate.h).
+struct CountingPostHook : torch::autograd::FunctionPostHook {
+  explicit CountingPostHook(int* calls, const at::Tensor* w, at::Tensor* grad_seen)
+      : calls_(calls), w_(w), grad_seen_(grad_seen) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    ++*calls_;
+    *grad_seen_ = w_->grad().clone();
+    return outputs;
+  }
+  int* calls_;
+  const at::Tensor* w_;
+  at::Tensor* grad_seen_;
+};
+
+TEST(LinearFromCopy, AccumulatorPostHookSeesTheAccumulatedGradient) {
+  auto ws = make_weights({6, 10}, 5, at::TensorOptions());
+  int calls = 0;
+  at::Tensor seen;
+  // Held for the test, as the Reducer holds its accumulators (the variable keeps only a weak one).
+  const auto accumulator = torch::autograd::impl::grad_accumulator(ws[0]);
+  accumulator->add_post_hook(std::make_unique<CountingPostHook>(&calls, &ws[0], &seen));
+  fused::WeightCopy copy;
+  const at::Tensor x = at::randn({7, 5}).requires_grad_(true);
+  const at::Tensor dy = at::randn({7, 16});
+  fused::linear_from_copy(x, copy.get(ws, at::kFloat), ws).backward(dy);
+  EXPECT_EQ(calls, 1) << "the accumulator's post hook did not run once";
+  const at::Tensor dw0 = at::mm(dy.narrow(1, 0, 6).t(), x.detach());
+  ASSERT_TRUE(seen.defined());
+  EXPECT_LE(ft::max_abs_diff(seen, dw0), 1e-5);
+  EXPECT_LE(ft::max_abs_diff(ws[1].grad(), at::mm(dy.narrow(1, 6, 10).t(), x.detach())), 1e-5);
 }
 
 TEST(LinearFromCopy, AutogradGradReturnsWeightGradsAndLeavesDotGradAlone) {
