@@ -19,6 +19,7 @@
 #include "model/fused/add_layer_norm.h"
 #include "model/fused/bias_gelu.h"
 #include "model/fused/classifier_cross_entropy.h"
+#include "model/fused/embedding.h"
 #include "model/fused/linear.h"
 #include "model/fused/switch.h"
 
@@ -327,7 +328,8 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
 
 Residual GPTImpl::trunk(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
-  auto x = token_emb_(tokens);
+  // On the fused path the table's gradient comes from two kernels (model/fused/embedding.h).
+  auto x = fused::fused_ops_enabled(tokens) ? fused::embedding(tokens, token_emb_->weight) : token_emb_(tokens);
   if (cfg_.pos == "learned") {
     TORCH_CHECK(T <= cfg_.max_seq_len, "GPT: sequence of ", T, " tokens is longer than max_seq_len ",
                 cfg_.max_seq_len, " (learned positions)");

@@ -1,0 +1,94 @@
+// fused::embedding (model/fused/embedding.h): the lookup, and the table's gradient from the two
+// kernels against a float64 reference (repeated tokens, odd sizes, tables the kernels do not take),
+// added into an existing .grad or handed to autograd. CPU cases (libtorch's path) run everywhere.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <string>
+#include <tuple>
+
+#include "model/fused/embedding.h"
+#include "model/fused/switch.h"
+#include "tests/fused_ops_test_util.h"
+
+namespace {
+
+namespace fused = flashcos::model::fused;
+namespace ft = flashcos::test;
+
+// Two backward passes through fused::embedding; the table's gradient against float64 sums.
+void check_embedding(const at::Device& device, int64_t N, int64_t V, int64_t C, bool preset, double tol) {
+  const auto o = at::TensorOptions().device(device);
+  at::Tensor w = at::randn({V, C}, o.dtype(at::kFloat)).requires_grad_(true);
+  at::Tensor want;
+  if (preset) {
+    w.mutable_grad() = at::randn({V, C}, o.dtype(at::kFloat));
+    want = w.grad().to(at::kDouble).cpu().clone();
+  } else {
+    want = at::zeros({V, C}, at::kDouble);
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    // Skewed token counts: row 0 takes about a third of the tokens, many rows none.
+    at::Tensor idx = at::randint(0, V, {N}, o.dtype(at::kLong));
+    idx = at::where(at::rand({N}, o) < 0.3, at::zeros_like(idx), idx);
+    const at::Tensor out = fused::embedding(idx.view({1, N}), w);
+    ASSERT_EQ(out.sizes(), at::IntArrayRef({1, N, C}));
+    EXPECT_EQ(ft::max_abs_diff(out.view({N, C}), w.detach().index_select(0, idx)), 0.0);
+    const at::Tensor dout = at::randn({1, N, C}, o.dtype(at::kFloat));
+    out.backward(dout);
+    want.index_add_(0, idx.cpu(), dout.view({N, C}).to(at::kDouble).cpu());
+    ASSERT_TRUE(w.grad().defined());
+    EXPECT_LE(ft::max_abs_diff(w.grad(), want), tol * (1 + ft::max_abs(want))) << "pass " << pass;
+  }
+}
+
+TEST(FusedEmbedding, CpuMatchesFloat64Sums) {
+  for (int64_t N : {1, 63, 1000}) {
+    check_embedding(at::kCPU, N, 256, 8, false, 1e-5);
+    check_embedding(at::kCPU, N, 7, 6, true, 1e-5);
+  }
+}
+
+TEST(FusedEmbedding, BadInputsNameTheProblem) {
+  const at::Tensor w = at::randn({4, 3});
+  EXPECT_THROW(fused::embedding(at::zeros({2}, at::kFloat), w), c10::Error);
+  EXPECT_THROW(fused::embedding(at::zeros({2}, at::kLong), at::randn({4})), c10::Error);
+}
+
+bool have_gpu() { return torch::cuda::is_available() && fused::kernels_compiled(); }
+
+class FusedEmbeddingCuda : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, bool>> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    setenv("FLASHCOS_POISON", "1", 1);
+  }
+  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
+};
+
+TEST_P(FusedEmbeddingCuda, GradMatchesFloat64Sums) {
+  const auto [N, V, C, preset] = GetParam();
+  at::manual_seed(N * 7 + V + C);
+  const at::Tensor probe = at::empty({V, C}, at::TensorOptions().device(at::kCUDA).dtype(at::kFloat));
+  // V 256 / 100 with an even width take the kernels; V 300 and odd widths libtorch's path.
+  EXPECT_EQ(fused::embedding_grad_uses_kernel(probe), V <= 256 && C % 2 == 0);
+  check_embedding(at::Device(at::kCUDA), N, V, C, preset, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FusedEmbeddingCuda,
+                         ::testing::Values(std::make_tuple(int64_t(1), int64_t(256), int64_t(512), false),
+                                           std::make_tuple(int64_t(63), int64_t(256), int64_t(512), true),
+                                           std::make_tuple(int64_t(127), int64_t(100), int64_t(520), false),
+                                           std::make_tuple(int64_t(1000), int64_t(256), int64_t(66), true),
+                                           std::make_tuple(int64_t(40000), int64_t(256), int64_t(512), true),
+                                           std::make_tuple(int64_t(1000), int64_t(300), int64_t(64), false),
+                                           std::make_tuple(int64_t(1000), int64_t(256), int64_t(7), true)),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) + "_v" +
+                                  std::to_string(std::get<1>(info.param)) + "_c" +
+                                  std::to_string(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) ? "_accumulate" : "_fresh");
+                         });
+
+}  // namespace
