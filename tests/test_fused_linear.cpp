@@ -96,6 +96,20 @@ TEST(LinearFromCopy, CpuFloat64AndFloat32MatchReference) {
   }
 }
 
+// x whose last dim is not contiguous (a transposed view): the Function keeps a unit-stride copy.
+TEST(LinearFromCopy, TransposedInputMatchesReference) {
+  auto ws = make_weights({6}, 9, at::TensorOptions());
+  fused::WeightCopy copy;
+  const at::Tensor base = at::randn({9, 11}).requires_grad_(true);
+  const at::Tensor x = base.t();  // (11, 9), strides (1, 11)
+  const at::Tensor y = fused::linear_from_copy(x, copy.get(ws, at::kFloat), ws);
+  const at::Tensor dy = at::randn({11, 6});
+  y.backward(dy);
+  EXPECT_LE(ft::max_abs_diff(y, at::mm(x.detach(), ws[0].detach().t())), 1e-5);
+  EXPECT_LE(ft::max_abs_diff(base.grad().t(), at::mm(dy, ws[0].detach())), 1e-5);
+  EXPECT_LE(ft::max_abs_diff(ws[0].grad(), at::mm(dy.t(), x.detach())), 1e-5);
+}
+
 TEST(LinearFromCopy, HookedWeightGetsItsGradientThroughAutograd) {
   auto ws = make_weights({6, 10}, 5, at::TensorOptions());
   int calls = 0;

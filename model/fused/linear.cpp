@@ -68,7 +68,9 @@ class LinearFromCopyFunction : public torch::autograd::Function<LinearFromCopyFu
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& copy, at::TensorList weights) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t in = x.size(-1), N = in == 0 ? 0 : x.numel() / in;
-    const at::Tensor x2 = x.reshape({N, in});
+    // Unit column stride, as the weight-gradient GEMM reads it (a view where x allows one).
+    at::Tensor x2 = x.reshape({N, in});
+    if (x2.stride(1) != 1 && in > 1) x2 = x2.contiguous();
     at::Tensor y = at::mm(x2, copy.t());
     ctx->save_for_backward({x2, copy});
     ctx->saved_data["weights"] = weights.vec();
