@@ -34,25 +34,51 @@ __device__ __forceinline__ void store1(void* ptr, DType dtype, int64_t i, float 
   }
 }
 
+// Two 16-bit values of one 32-bit word as floats, and two floats rounded into one word.
+template <DType kDtype>
+__device__ __forceinline__ float2 word_to_float2(uint32_t w) {
+  if constexpr (kDtype == DType::kHalf) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  }
+}
+
+template <DType kDtype>
+__device__ __forceinline__ uint32_t float2_to_word(float a, float b) {
+  if constexpr (kDtype == DType::kHalf) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+__device__ __forceinline__ void load8_f32(const void* ptr, int64_t off, float (&out)[kVec]) {
+  const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(ptr) + off);
+  const float4 a = p[0], b = p[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+__device__ __forceinline__ void store8_f32(void* ptr, int64_t off, const float (&in)[kVec]) {
+  float4* p = reinterpret_cast<float4*>(static_cast<float*>(ptr) + off);
+  p[0] = make_float4(in[0], in[1], in[2], in[3]);
+  p[1] = make_float4(in[4], in[5], in[6], in[7]);
+}
+
 // Loads elements [off, off + 8) of a row; off a multiple of 8, the pointer 16-byte aligned.
 __device__ __forceinline__ void load8(const void* ptr, DType dtype, int64_t off, float (&out)[kVec]) {
   if (dtype == DType::kFloat) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(ptr) + off);
-    const float4 a = p[0], b = p[1];
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    load8_f32(ptr, off, out);
     return;
   }
   const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(ptr) + off);
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float2 f;
-    if (dtype == DType::kHalf) {
-      f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-    } else {
-      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    }
+    const float2 f = dtype == DType::kHalf ? word_to_float2<DType::kHalf>(w[i]) : word_to_float2<DType::kBFloat16>(w[i]);
     out[2 * i] = f.x, out[2 * i + 1] = f.y;
   }
 }
@@ -60,21 +86,14 @@ __device__ __forceinline__ void load8(const void* ptr, DType dtype, int64_t off,
 // Stores 8 floats, rounded to nearest in `dtype`, at [off, off + 8) of a 16-byte aligned row.
 __device__ __forceinline__ void store8(void* ptr, DType dtype, int64_t off, const float (&in)[kVec]) {
   if (dtype == DType::kFloat) {
-    float4* p = reinterpret_cast<float4*>(static_cast<float*>(ptr) + off);
-    p[0] = make_float4(in[0], in[1], in[2], in[3]);
-    p[1] = make_float4(in[4], in[5], in[6], in[7]);
+    store8_f32(ptr, off, in);
     return;
   }
   uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if (dtype == DType::kHalf) {
-      const __half2 h = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
+    w[i] = dtype == DType::kHalf ? float2_to_word<DType::kHalf>(in[2 * i], in[2 * i + 1])
+                                 : float2_to_word<DType::kBFloat16>(in[2 * i], in[2 * i + 1]);
   }
   *reinterpret_cast<uint4*>(static_cast<uint16_t*>(ptr) + off) = make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -84,18 +103,13 @@ __device__ __forceinline__ void store8(void* ptr, DType dtype, int64_t off, cons
 template <DType kDtype>
 __device__ __forceinline__ void load8(const void* ptr, int64_t off, float (&out)[kVec]) {
   if constexpr (kDtype == DType::kFloat) {
-    load8(ptr, DType::kFloat, off, out);
+    load8_f32(ptr, off, out);
   } else {
     const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(ptr) + off);
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float2 f;
-      if constexpr (kDtype == DType::kHalf) {
-        f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-      } else {
-        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-      }
+      const float2 f = word_to_float2<kDtype>(w[i]);
       out[2 * i] = f.x, out[2 * i + 1] = f.y;
     }
   }
@@ -104,19 +118,11 @@ __device__ __forceinline__ void load8(const void* ptr, int64_t off, float (&out)
 template <DType kDtype>
 __device__ __forceinline__ void store8(void* ptr, int64_t off, const float (&in)[kVec]) {
   if constexpr (kDtype == DType::kFloat) {
-    store8(ptr, DType::kFloat, off, in);
+    store8_f32(ptr, off, in);
   } else {
     uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if constexpr (kDtype == DType::kHalf) {
-        const __half2 h = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
-        w[i] = *reinterpret_cast<const uint32_t*>(&h);
-      } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-        w[i] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-    }
+    for (int i = 0; i < 4; ++i) w[i] = float2_to_word<kDtype>(in[2 * i], in[2 * i + 1]);
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(ptr) + off) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
