@@ -1,14 +1,22 @@
 // Shared pieces of the fused-operator tests (test_fused_ops.cpp on CPU, test_fused_ops_cuda.cpp on
 // the GPU): the composite libtorch ops each fused operator replaces, run under autograd, and a
-// float64 comparison helper.
+// float64 comparison helper, and whether the GPU cases can run.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 
 #include <vector>
 
+#include "model/fused/switch.h"
+
 namespace flashcos::test {
+
+// A CUDA device and a build with the fused operators' kernels: the GPU cases run, else they skip.
+inline bool fused_kernels_on_gpu() {
+  return torch::cuda::is_available() && flashcos::model::fused::kernels_compiled();
+}
 
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0) return 0.0;

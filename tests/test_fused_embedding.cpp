@@ -56,12 +56,10 @@ TEST(FusedEmbedding, BadInputsNameTheProblem) {
   EXPECT_THROW(fused::embedding(at::zeros({2}, at::kLong), at::randn({4})), c10::Error);
 }
 
-bool have_gpu() { return torch::cuda::is_available() && fused::kernels_compiled(); }
-
 class FusedEmbeddingCuda : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, bool>> {
  protected:
   void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
     setenv("FLASHCOS_POISON", "1", 1);
   }
   void TearDown() override { unsetenv("FLASHCOS_POISON"); }

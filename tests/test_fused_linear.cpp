@@ -27,8 +27,6 @@ namespace {
 namespace fused = flashcos::model::fused;
 namespace ft = flashcos::test;
 
-bool have_gpu() { return torch::cuda::is_available() && fused::kernels_compiled(); }
-
 std::vector<at::Tensor> make_weights(const std::vector<int64_t>& rows, int64_t in, const at::TensorOptions& o) {
   std::vector<at::Tensor> ws;
   for (int64_t r : rows) ws.push_back((at::randn({r, in}, o.dtype(at::kFloat)) * 0.1).requires_grad_(true));
@@ -244,7 +242,7 @@ TEST(WeightCopy, TheTrainersAdamStepMovesTheVersionCounter) {
 class LinearFromCopyCuda : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t, bool>> {
  protected:
   void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
   }
 };
 

@@ -28,8 +28,6 @@ namespace {
 namespace fused = flashcos::model::fused;
 namespace ft = flashcos::test;
 
-bool have_gpu() { return torch::cuda::is_available() && fused::kernels_compiled(); }
-
 const char* dtype_name(at::ScalarType t) {
   return t == at::kHalf ? "f16" : t == at::kBFloat16 ? "bf16" : t == at::kFloat ? "f32" : "f64";
 }
@@ -57,7 +55,7 @@ std::string ln_name(const ::testing::TestParamInfo<LnCase>& info) {
 class AddLayerNormCuda : public ::testing::TestWithParam<LnCase> {
  protected:
   void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
     setenv("FLASHCOS_POISON", "1", 1);
   }
   void TearDown() override { unsetenv("FLASHCOS_POISON"); }
@@ -169,7 +167,7 @@ std::string gelu_name(const ::testing::TestParamInfo<GeluCase>& info) {
 class BiasGeluCuda : public ::testing::TestWithParam<GeluCase> {
  protected:
   void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
     setenv("FLASHCOS_POISON", "1", 1);
   }
   void TearDown() override { unsetenv("FLASHCOS_POISON"); }
@@ -245,7 +243,7 @@ std::string ce_name(const ::testing::TestParamInfo<CeCase>& info) {
 class ClassifierCrossEntropyCuda : public ::testing::TestWithParam<CeCase> {
  protected:
   void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
     setenv("FLASHCOS_POISON", "1", 1);
   }
   void TearDown() override { unsetenv("FLASHCOS_POISON"); }
@@ -297,7 +295,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, ClassifierCrossEntropyCuda,
                          ce_name);
 
 TEST(ClassifierCrossEntropyCuda, OutOfRangeTargetGivesNan) {
-  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+  if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   at::Tensor target = at::zeros({4}, opt.dtype(at::kLong));
   target[2] = 256;
@@ -309,7 +307,7 @@ TEST(ClassifierCrossEntropyCuda, OutOfRangeTargetGivesNan) {
 // The whole model under bf16 autocast: loss and every parameter's gradient with the fused
 // operators against FLASHCOS_FUSED_OPS=0 (the composite path), same weights and batch.
 TEST(FusedOpsCuda, GptLossAndGradsMatchTheCompositePath) {
-  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+  if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
   flashcos::model::ModelConfig cfg;
   cfg.dim = 128, cfg.depth = 2, cfg.heads = 2, cfg.dim_head = 64, cfg.max_seq_len = 256;
   cfg.attention_impl = "plain";
@@ -362,7 +360,7 @@ namespace {
 // (model/fused/grad_accumulate.h): a second backward must give the first's gradients plus what
 // .grad held, as autograd's own accumulation would.
 TEST(FusedOpsCuda, ParameterGradientsAddIntoAnExistingGrad) {
-  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+  if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
   at::manual_seed(21);
   const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   const int64_t N = 1000, C = 512, F = 2048;
