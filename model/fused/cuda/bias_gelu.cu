@@ -25,7 +25,7 @@ constexpr int kTileCols = 32 * kVec;  // columns per block
 // are bound by memory latency: occupancy counts most (H100, the trainer's (32768, 2048) bf16 in run
 // D3 of 2026-11-26: 4 blocks an SM against 3 with twice the rows per iteration, backward 1.28 ms
 // against 1.92, forward 0.84 against 1.06-1.13 per 8 layers). The dtype is a template parameter:
-// the runtime switch cost registers (kernels 7-12 % slower).
+// the runtime switch cost registers (kernels 7-12 % slower: runs D1 against D3, two machines).
 constexpr int kBlocksPerSmFwd = 8, kBlocksPerSmBwd = 4;
 constexpr int kUnrollFwd = 1, kUnrollBwd = 1;
 
@@ -38,7 +38,7 @@ __device__ __forceinline__ float gelu(float z) { return z * 0.5f * (1.f + erff(z
 
 // gelu'(z) = Phi(z) + z phi(z), as at::gelu_backward writes it in float32, with the fast exp
 // (__expf, a few ulp on exp(-z^2 / 2) <= 1; the result is rounded to 16 bits): the backward 1.27 ->
-// 1.24 ms a micro-step on an H100 (runs D7, D10 of 2026-11-26).
+// 1.24 ms a micro-step on an H100 (runs D7, D10 of 2026-11-26, two machines).
 __device__ __forceinline__ float gelu_grad(float z) {
   const float cdf = 0.5f * (1.f + erff(z * kSqrtHalf));
   const float pdf = __expf(-0.5f * z * z) * kInvSqrt2Pi;
