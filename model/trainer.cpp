@@ -366,16 +366,18 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   // captured graph. auto leaves it off quietly where it does not apply; on says why.
   const std::string graph_off = train_graph_off_reason(cfg.cuda_graph, device, dp != nullptr, precision.loss_scaling);
   if (cfg.cuda_graph == "on" && !graph_off.empty()) log::warn("--cuda-graph on: not used: " + graph_off);
+  // One micro-batch's loss over grad_accum, under autocast where the precision asks for it (the
+  // eager micro-step and the captured one).
+  auto micro_loss = [&](const at::Tensor& window) {
+    AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
+    return model->loss(window) / static_cast<double>(cfg.grad_accum);
+  };
   std::unique_ptr<GraphStreamScope> graph_stream;
   std::unique_ptr<TrainStepGraph> graph_step;
   if (graph_off.empty()) {
     graph_stream = std::make_unique<GraphStreamScope>(device);
     graph_step = std::make_unique<TrainStepGraph>([&](const at::Tensor& window) {
-      at::Tensor loss;
-      {
-        AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
-        loss = model->loss(window) / static_cast<double>(cfg.grad_accum);
-      }
+      const at::Tensor loss = micro_loss(window);
       loss.backward();
       return loss.detach();
     });
@@ -436,11 +438,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
       // [dp] only the last micro-batch's backward averages gradients over ranks (no_sync before).
       const bool reduce_now = dp && micro == cfg.grad_accum - 1;
       if (reduce_now) dp->prepare_for_forward();
-      at::Tensor loss;
-      {
-        AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
-        loss = model->loss(batch) / static_cast<double>(cfg.grad_accum);
-      }
+      const at::Tensor loss = micro_loss(batch);
       if (reduce_now) dp->prepare_for_backward(loss);
       (precision.loss_scaling ? loss * state.loss_scale : loss).backward();
       step_loss += loss.detach();
