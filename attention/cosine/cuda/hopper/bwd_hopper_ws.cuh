@@ -11,7 +11,8 @@
 //                                        fragments, masked elements cleared there (only in blocks
 //                                        with any); dV += P^T dO issued at once (A from registers,
 //                                        B = dO N-major)
-//   dS^T = P^T (dP^T - D_i)             from the 16-bit P that dV uses (unpacked from its
+//   dS^T = P^T (dP^T - D_i)             (bf16: scale P^T (dP^T - D_i), so dQ / dK need no multiply)
+//                                        from the 16-bit P that dV uses (unpacked from its
 //                                        fragments: the fp32 P dies once packed, which is what lets
 //                                        the consumers fit 240 registers), to shared memory
 //                                        (swizzled, buffer it % 2); dK += dS^T Q (B = Q N-major)
@@ -112,6 +113,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr int kStages = Tile::kStages;
   constexpr int kConsumerThreads = 256;
   constexpr int kStatsPerLane = kBM / 32;
+  // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
+  // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
+  constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -132,7 +136,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint64_t* bar_dq_full = bar_kv + 1;       // kTmaDq: consumer c stored its dQ part (128 arrivals)
   uint64_t* bar_dq_empty = bar_dq_full + 2;  // the producer's reduction has read it (1 arrival)
 
-  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
+  // wg (and warp) broadcast from lane 0: the compiler then knows them warp-uniform and keeps the
+  // wgmma descriptors built from them in uniform registers.
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0);
   // Linear grid in bands of p.key_band key blocks (launch_bwd_hopper_ws picks it): band slowest,
   // then (b, kv head), then the key block inside the band. Band 1 (causal: key block slowest) puts
   // every (b, kv head)'s block 0, the one with the most query rows, first instead of the last
@@ -257,6 +264,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     }
     const float* gRowC = static_cast<const float*>(p.row_offset);
     const float* gDelta = static_cast<const float*>(p.delta);
+    const float delta_scale = kFoldScale ? p.scale : 1.f;  // D_i as the consumers use it
     for (int it = 0; it < n_iters; ++it) {
       const int s = it % kStages, h = step_h(it), m0 = step_m0(it);
       float rc[kStatsPerLane], rd[kStatsPerLane];
@@ -265,7 +273,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         const int r = m0 + lane + 32 * i;
         const int64_t row = (int64_t(b) * H + h) * I + r;
         rc[i] = r < I ? gRowC[row] : -INFINITY;
-        rd[i] = r < I ? gDelta[row] : 0.f;
+        rd[i] = r < I ? gDelta[row] * delta_scale : 0.f;
       }
       if (it >= kStages) mbar_wait(bar_empty + s, ((it / kStages) - 1) & 1);
 #pragma unroll
@@ -304,6 +312,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     key_ok[e0] = col < J && (!has_mask || p.mask[int64_t(b) * p.mask_b_stride + int64_t(col) * p.mask_j_stride]);
   }
   const float scale_log2 = p.scale * kLog2e;
+  // kFoldScale: dS carries the scale (dS' = scale dS, D_i scaled by the producer), so dQ = dS' K and
+  // dK = dS'^T Q need no multiply; otherwise it is applied where dQ and dK are written.
+  const float ds_scale = kFoldScale ? p.scale : 1.f, dqk_scale = kFoldScale ? 1.f : p.scale;
 
   float rdK[D / 2], rdV[D / 2], rdQ[kNQ / 2];
 #pragma unroll
@@ -339,7 +350,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
           const int cb = 8 * (i % 4) + 2 * t;  // column inside the 32-column box i / 4
           *reinterpret_cast<float2*>(tile + (i / 4) * Tile::kDqBoxBytes + r * kSw128Row + (((cb / 4) ^ (r % 8)) * 16) +
                                      (cb % 4) * 4) =
-              make_float2(rdQ[4 * i + 2 * e0] * p.scale, rdQ[4 * i + 2 * e0 + 1] * p.scale);
+              make_float2(rdQ[4 * i + 2 * e0] * dqk_scale, rdQ[4 * i + 2 * e0 + 1] * dqk_scale);
         }
       }
       // Handed to the producer (fence, dq_full) at the start of the next step, or here after
@@ -362,8 +373,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kNQ / 8; ++i)
         if ((kSplitRows ? 0 : c * kNQ) + i * 8 < p.D)
-          atomic_add2(gdQ + int64_t(r) * p.D + (kSplitRows ? 0 : c * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * p.scale,
-                      rdQ[4 * i + 2 * e0 + 1] * p.scale);
+          atomic_add2(gdQ + int64_t(r) * p.D + (kSplitRows ? 0 : c * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * dqk_scale,
+                      rdQ[4 * i + 2 * e0 + 1] * dqk_scale);
     }
   };
   // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row steps:
@@ -502,7 +513,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) {
       const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
-      rdP[i] = (i % 2 ? pp.y : pp.x) * (rdP[i] - rD[2 * (i / 4) + i % 2]);
+      rdP[i] = (i % 2 ? pp.y : pp.x) * fmaf(rdP[i], ds_scale, -rD[2 * (i / 4) + i % 2]);
     }
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
@@ -581,7 +592,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     for (int dt = 0; dt < D / 8; ++dt) {
       if (dt * 8 >= store_cols) break;
       *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
-          pack2<T>(rdK[4 * dt + 2 * e0] * p.scale, rdK[4 * dt + 2 * e0 + 1] * p.scale);
+          pack2<T>(rdK[4 * dt + 2 * e0] * dqk_scale, rdK[4 * dt + 2 * e0 + 1] * dqk_scale);
       *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);
     }
   }
