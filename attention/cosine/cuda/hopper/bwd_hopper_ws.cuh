@@ -87,13 +87,20 @@ struct BwdWsTile {
   static constexpr int kDqBytes = kTmaDq ? 2 * kDqTileBytes : 0;
   static_assert(!kTmaDq || kNQ == 64, "a consumer's dQ part is 64 columns");
   static constexpr int kBarriers = 2 * kStages + 9;
+  // Row stats (c_i, D_i) of a stage in shared memory, ordered by the consumer thread that reads them:
+  // rows 8 q + 2 t + h (q < kBM / 8, h < 2) of quad lane t at t kStatStride + 2 q + h, so that each
+  // thread's are contiguous (float4 loads); the 4 floats of padding per t keep those loads free of
+  // bank conflicts.
+  static constexpr int kStatStride = kBM / 4 + 4;
+  static constexpr int kStatSlots = 4 * kStatStride;
+  __host__ __device__ static constexpr int stat_slot(int r) { return ((r % 8) / 2) * kStatStride + 2 * (r / 8) + r % 2; }
   // The CTA gets 168 registers x 384 threads at launch; setmaxnreg only moves them between the
   // warpgroups, so 24 + 2 x 240 is the most (with 32 for the producer the consumers' setmaxnreg.inc
   // waited forever: a hang on the H100). The kTmaDq instances spill a few bytes (loop invariants).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr size_t kSmem = size_t(2) * kKBytes + 2 * kStages * size_t(kQBytes) + 2 * size_t(kSBytes) +
-                                  kDqBytes + 2 * kStages * kBM * sizeof(float) + kBarriers * sizeof(uint64_t) +
+                                  kDqBytes + 2 * kStages * kStatSlots * sizeof(float) + kBarriers * sizeof(uint64_t) +
                                   kSw128Atom;
   static_assert(kSmem <= 227 * 1024, "shared memory");
   static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
@@ -126,9 +133,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   unsigned char* sdO = sQ + kStages * Tile::kQBytes;   // kStages stages
   unsigned char* sdS = sdO + kStages * Tile::kQBytes;  // 2 buffers
   unsigned char* sdQ = sdS + 2 * Tile::kSBytes;        // kTmaDq: one dQ part per consumer
-  float* sRowC = reinterpret_cast<float*>(sdQ + Tile::kDqBytes);  // (kStages, kBM)
-  float* sDelta = sRowC + kStages * kBM;                             // (kStages, kBM)
-  uint64_t* bar_full = reinterpret_cast<uint64_t*>(sDelta + kStages * kBM);
+  float* sRowC = reinterpret_cast<float*>(sdQ + Tile::kDqBytes);  // (kStages, kStatSlots), Tile::stat_slot
+  float* sDelta = sRowC + kStages * Tile::kStatSlots;                // (kStages, kStatSlots)
+  uint64_t* bar_full = reinterpret_cast<uint64_t*>(sDelta + kStages * Tile::kStatSlots);
   uint64_t* bar_empty = bar_full + kStages;
   uint64_t* bar_ds_full = bar_empty + kStages;
   uint64_t* bar_ds_empty = bar_ds_full + 2;
@@ -278,8 +285,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if (it >= kStages) mbar_wait(bar_empty + s, ((it / kStages) - 1) & 1);
 #pragma unroll
       for (int i = 0; i < kStatsPerLane; ++i) {
-        sRowC[s * kBM + lane + 32 * i] = rc[i];
-        sDelta[s * kBM + lane + 32 * i] = rd[i];
+        sRowC[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rc[i];
+        sDelta[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rd[i];
       }
       if (lane == 0) {
         mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kQBytes);
@@ -303,6 +310,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const uint32_t adS = smem_addr(sdS);
   const int wg_key0 = n0 + c * 64;
   const int key_local0 = c * 64 + warp * 16 + g;
+  // store_ds's stmatrix: lane l gives row l % 8 of matrix l / 8 (keys 8 ((l / 8) % 2) + l % 8 of the
+  // warp's 16, 16-byte chunk 2 kk + l / 16, swizzled by the key row % 8 = l % 8).
+  const uint32_t ds_row_addr = adS + uint32_t(c * 64 + warp * 16 + 8 * ((lane / 8) % 2) + lane % 8) * kSw128Row;
+  const uint32_t ds_chunk_x = uint32_t(lane / 16) ^ uint32_t(lane % 8);
   // This thread's two keys n0 + key_local0 + 8 e0: inside J and not masked out.
   const bool has_mask = p.mask != nullptr;
   bool key_ok[2];
@@ -401,27 +412,30 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint32_t phase = 0;
   // One step; kPrev (it > 0 as a constant, so that every path has a fixed number of MMA groups in
   // flight): dQ(it - 1) is still to do.
-  // The stats of this thread's rows 8 q + 2 t, + 1 (q < N / 2) of a stage into dst[2 q], dst[2 q + 1].
+  // The stats of this thread's rows 8 q + 2 t, + 1 (q < N / 2) of a stage into dst[2 q], dst[2 q + 1]
+  // (`stats` points at this thread's slots: Tile::stat_slot).
   auto load_row_pairs = [&](auto& dst, const float* stats) {
-    constexpr int kPairs = sizeof(dst) / sizeof(dst[0]) / 2;
+    constexpr int kQuads = sizeof(dst) / sizeof(dst[0]) / 4;
 #pragma unroll
-    for (int q = 0; q < kPairs; ++q) {
-      const float2 v = *reinterpret_cast<const float2*>(stats + 8 * q + 2 * t);
-      dst[2 * q] = v.x;
-      dst[2 * q + 1] = v.y;
+    for (int j = 0; j < kQuads; ++j) {
+      const float4 v = reinterpret_cast<const float4*>(stats)[j];
+      dst[4 * j] = v.x;
+      dst[4 * j + 1] = v.y;
+      dst[4 * j + 2] = v.z;
+      dst[4 * j + 3] = v.w;
     }
   };
-  // The step's first query row, computed a step ahead (its division, a reciprocal and its
-  // corrections, stalled the step's start: ncu, 2.3 % of the consumers' stall samples).
-  int m0_next = n_iters > 0 ? step_m0(0) : 0;  // no division by a per_head of 0
+  // The step's first query row, computed a step ahead (its computation stalled the step's start:
+  // ncu, 2.3 % of the consumers' stall samples). Kept by increment, not step_m0's division (its reciprocal and corrections: 25 instructions a step).
+  int m_next = 0;  // (it + 1) % per_head
+  int m0_next = m_start * kBM;
   auto run_step = [&](int it, auto prev) {
     constexpr bool kPrev = decltype(prev)::value;
     const int m0 = m0_next;
     mbar_wait(bar_full + stage, phase);
     if (it == 0 && c == 1) named_bar_sync<1, kConsumerThreads>();  // start half a step after consumer 0
-    const float* sRowCs = sRowC + stage * kBM;
-    const float* sDeltas = sDelta + stage * kBM;
-    unsigned char* sdSb = sdS + (it & 1) * Tile::kSBytes;
+    const float* sRowCs = sRowC + stage * Tile::kStatSlots + t * Tile::kStatStride;  // this thread's rows
+    const float* sDeltas = sDelta + stage * Tile::kStatSlots + t * Tile::kStatStride;
 
     const bool elementwise = has_mask || wg_key0 + 64 > J || (p.causal && wg_key0 + 63 > m0 + diag);
     float rS[kBM / 2], rdP[kBM / 2];
@@ -439,18 +453,15 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         Wgmma<T, D>::template rs<1>(acc, frag[kk], desc_add(b_desc, kk * 16 * kSw128Row),
                                     1);
     };
+    // dS^T (keys x rows) into buffer it % 2 by stmatrix, one per k-step: word j of the fragment is the
+    // 8 x 8 matrix of keys 8 (j % 2) .. + 7 and rows 16 kk + 8 (j / 2) .. + 7, i.e. 16-byte chunk
+    // 2 kk + j / 2 of those key rows (ds_row_addr, ds_chunk_x: this lane's row and swizzle).
     auto store_ds = [&] {
+      const uint32_t buf = ds_row_addr + (it & 1) * Tile::kSBytes;
 #pragma unroll
-      for (int e0 = 0; e0 < 2; ++e0) {
-        const int kr = key_local0 + 8 * e0;
-        unsigned char* row = sdSb + kr * kSw128Row + 4 * t;
-#pragma unroll
-        for (int kk = 0; kk < kMT; ++kk) {
-          unsigned char* blk = row + (kk / 4) * kBN * kSw128Row;
-          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][e0];
-          *reinterpret_cast<uint32_t*>(blk + ((((2 * kk + 1) % 8) ^ (kr % 8)) * 16)) = rdSf[kk][2 + e0];
-        }
-      }
+      for (int kk = 0; kk < kMT; ++kk)
+        stmatrix_x4(buf + (kk / 4) * kBN * kSw128Row + ((uint32_t((2 * kk) % 8) ^ ds_chunk_x) << 4), rdSf[kk][0],
+                    rdSf[kk][1], rdSf[kk][2], rdSf[kk][3]);
     };
     wgmma_fence();
     const uint32_t stage_off = stage * Tile::kQBytes;
@@ -458,7 +469,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     issue_s_dp(rdP, v_desc, desc_add(do_desc_k, stage_off));
     wgmma_commit();
-    m0_next = step_m0(it + 1);  // while S^T / dP^T run
+    if (++m_next == per_head) m_next = 0;  // while S^T / dP^T run
+    m0_next = (m_start + m_next) * kBM;
     // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's
     // reduction now: by here the stores have long completed, and the proxy fence does not wait for
     // them (right behind them it did: ncu, 7 % of the consumers' stall samples). Before the row
@@ -481,7 +493,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // clearing their bits leaves an exact 0 for dV and dS.
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) {
-      const float ci = i / 4 < kPre ? rc[2 * (i / 4) + i % 2] : sRowCs[(i / 4) * 8 + 2 * t + (i % 2)];
+      const float ci = i / 4 < kPre ? rc[2 * (i / 4) + i % 2] : sRowCs[2 * (i / 4) + i % 2];
       rS[i] = fast_exp2(fmaf(rS[i], scale_log2, ci));
     }
 #pragma unroll

@@ -70,6 +70,16 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// Four 8 x 8 16-bit matrices to shared memory (stmatrix .x4): register i of every thread holds
+// row lane / 4, columns 2 (lane % 4), + 1 of matrix i (mma.sync's fragment layout); lanes 8 i .. 8 i + 7
+// give the addresses of matrix i's rows 0 .. 7 (16 bytes each, 16-byte aligned).
+__device__ __forceinline__ void stmatrix_x4(uint32_t row_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
 // Keeps the compiler from moving register reads / writes of an accumulator across the
 // asynchronous wgmma that owns it (between issue and wait).
 template <int N>
