@@ -8,6 +8,9 @@
 //   dtype on the same inputs (+ a floor of eps / 4 for errors that round to nothing).
 // FLASHCOS_POISON=1 is set, so every output is NaN before the kernels write it; rows with nothing
 // to attend must give exactly 0 output and 0 dq; nothing may be NaN / inf.
+// Which family ran is checked per direction: on a compute capability 9.0 device every 16-bit
+// forward and backward runs on the Hopper kernels (bias, its gradient and the online max included;
+// the biased backward not with FLASHCOS_HOPPER_BWD_BIAS=0).
 // The grid covers every axis (mask / causal / none x bias none / head / batch, lengths 1 .. 2049
 // with I == J and I != J, every head dim, every dtype, multi-head / multi-query / grouped /
 // merged, l2norm on / off, groups, the exp kind, non-contiguous inputs) with a chosen subset of
@@ -27,6 +30,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -91,6 +95,17 @@ std::vector<Case> all_cases() {
     C("d64_mask_grouped_127x1000",   3, 4, 2, 127, 1000, 64).mask(),
     C("d128_mask_causal_1000x2049",  2, 2, 2, 1000, 2049, 128).causal().mask(),
     C("d128_mask_exp_300x700",       2, 2, 2, 300, 700, 128).mask().exp_kind().scale(1.3),
+    // The Hopper forward with a bias (fp16: always the online max) and with the online max (scale 40),
+    // over several key blocks (the running max grows from block to block): I != J, causal, key masks
+    // with rows that see no key, even J (float2 bias loads) and odd J (scalar loads), every tile.
+    C("d64_mask_bias_head_causal_63x1000",   2, 2, 2, 63, 1000, 64).causal().mask().bias_head(),
+    C("d128_mask_bias_batch_causal_63x1000", 2, 2, 2, 63, 1000, 128).causal().mask().bias_batch(),
+    C("d96_mask_bias_head_causal_1000x127",  2, 2, 2, 1000, 127, 96).causal().mask().bias_head(),  // 873 rows see nothing
+    C("d64_len1_j3_bias_head",               2, 2, 2, 1, 3, 64).bias_head(),  // one key would make dbias exactly 0
+    C("d64_scale_40_1000",                   1, 2, 2, 1000, 1000, 64).scale(40.0),
+    C("d128_scale_40_causal_1000",           1, 2, 2, 1000, 1000, 128).scale(40.0).causal(),
+    C("d96_scale_40_bias_batch_127x1000",    2, 2, 2, 127, 1000, 96).scale(40.0).bias_batch(),
+    C("d32_scale_40_mask_bias_head_1000x63", 2, 2, 2, 1000, 63, 32).scale(40.0).mask().bias_head(),
   };
 }
 // clang-format on
@@ -235,19 +250,29 @@ TEST_P(FusedAttention, MatchesFloat64Reference) {
   at::manual_seed(int64_t(name_seed(c.name)));
   const Inputs in = rounded(make_inputs(c), prm.dtype);
   const Outputs ref = run_api(c, in, /*fused=*/false, at::kDouble);
-  const int64_t hopper_before = flashcos::hopper_kernel_launches();
+  const int64_t fwd_before = flashcos::hopper_forward_kernel_launches();
+  const int64_t bwd_before = flashcos::hopper_backward_kernel_launches();
   const Outputs run = run_api(c, in, /*fused=*/true, prm.dtype);
-  const int64_t hopper_runs = flashcos::hopper_kernel_launches() - hopper_before;
+  const int64_t fwd_runs = flashcos::hopper_forward_kernel_launches() - fwd_before;
+  const int64_t bwd_runs = flashcos::hopper_backward_kernel_launches() - bwd_before;
   ASSERT_TRUE(run.dq.defined() && run.dk.defined() && run.dv.defined()) << "no gradient reached q/k/v";
-  // Which family ran: on a compute capability 9.0 device the Hopper kernels take every 16-bit case
-  // without bias, any head dim (16 / 32 on the d 64 tiles, 80 / 96 on the d 128 ones), key mask or
-  // not (the backward always; the forward unless the scale needs the online-max variant), unless
-  // FLASHCOS_HOPPER=0; nothing else reaches them.
-  const bool hopper_case = (prm.dtype == at::kBFloat16 || prm.dtype == at::kHalf) && c.bias == BiasMode::kNone;
-  if (hopper_case && hopper_family_expected()) {
-    EXPECT_GE(hopper_runs, 1) << "the Hopper kernels did not run";
+  // Which family ran: on a compute capability 9.0 device (unless FLASHCOS_HOPPER=0) the Hopper
+  // kernels take every 16-bit forward, any head dim (16 / 32 on the d 64 tiles, 80 / 96 on the d 128
+  // ones), key mask, bias and online max (scale 40, fp16 with a bias) included, and every 16-bit
+  // backward, a bias with its gradient included unless FLASHCOS_HOPPER_BWD_BIAS=0 (then the sm_80
+  // backward runs on the Hopper forward's l); nothing else reaches them.
+  const bool hopper = (prm.dtype == at::kBFloat16 || prm.dtype == at::kHalf) && hopper_family_expected();
+  if (hopper) {
+    EXPECT_GE(fwd_runs, 1) << "the Hopper forward did not run";
   } else {
-    EXPECT_EQ(hopper_runs, 0) << "the Hopper kernels ran where they do not apply";
+    EXPECT_EQ(fwd_runs, 0) << "the Hopper forward ran where it does not apply";
+  }
+  const char* bwd_bias_env = std::getenv("FLASHCOS_HOPPER_BWD_BIAS");
+  const bool bwd_bias_on = bwd_bias_env == nullptr || bwd_bias_env[0] != '0';
+  if (hopper && (c.bias == BiasMode::kNone || bwd_bias_on)) {
+    EXPECT_GE(bwd_runs, 1) << "the Hopper backward did not run";
+  } else {
+    EXPECT_EQ(bwd_runs, 0) << "the Hopper backward ran where it does not apply";
   }
   if (in.bias.defined()) {
     ASSERT_TRUE(run.dbias.defined()) << "no gradient reached attn_bias";
@@ -379,6 +404,57 @@ TEST_F(FusedAttentionMisc, CoreReturnsRowSums) {
   EXPECT_EQ(r.l.index({0, 0, at::indexing::Slice(0, 20)}).abs().max().item<float>(), 0.f);
   args.exp_kind = true;
   EXPECT_FALSE(flashcos::detail::fused_forward(q, k, v, {}, {}, args).l.defined());
+}
+
+// The online-max forward's l (fp16 with a bias, both Hopper tiles when on an H100): the row sums of
+// exp(scale (q.k - 1) + bias) over 3 key blocks (the running max grows), what the fixed-offset
+// forward saves too (the backward of either family reads them).
+TEST_F(FusedAttentionMisc, CoreRowSumsOnlineWithBias) {
+  at::manual_seed(45);
+  for (int64_t D : {64, 128}) {
+    const auto opts = at::TensorOptions().dtype(at::kHalf).device(at::kCUDA);
+    const at::Tensor q = flashcos::l2norm(at::randn({1, 2, 70, D}, opts));
+    const at::Tensor k = flashcos::l2norm(at::randn({1, 2, 300, D}, opts));
+    const at::Tensor v = at::randn({1, 2, 300, D}, opts);
+    const at::Tensor bias = at::randn({2, 70, 300}, opts.dtype(at::kFloat)) * 2;
+    flashcos::detail::CoreArgs args;
+    args.causal = true;  // diag 230: rows see 231 .. 300 keys
+    const int64_t hopper_before = flashcos::hopper_forward_kernel_launches();
+    const auto r = flashcos::detail::fused_forward(q, k, v, {}, bias, args);
+    if (hopper_family_expected()) EXPECT_EQ(flashcos::hopper_forward_kernel_launches() - hopper_before, 1);
+    ASSERT_TRUE(r.l.defined());
+    const at::Tensor s = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-1, -2));
+    const at::Tensor i = at::arange(70, at::TensorOptions().device(at::kCUDA)).view({70, 1});
+    const at::Tensor j = at::arange(300, at::TensorOptions().device(at::kCUDA)).view({1, 300});
+    const at::Tensor l = (at::exp(s * 10 - 10 + bias.to(at::kDouble)) * (j <= i + 230)).sum(-1);
+    EXPECT_LE(rel_err(r.l, l), 1e-5) << "d " << D;
+  }
+}
+
+// Any bias strides on the forward (the Hopper forward's float2 loads need j stride 1, an even J and
+// 8-byte aligned rows; its other loads take any strides): a transposed, a broadcast and a misaligned
+// bias give bit for bit the forward of the same values in a contiguous bias.
+TEST_F(FusedAttentionMisc, ForwardBiasAnyStrides) {
+  at::manual_seed(46);
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    for (int64_t D : {64, 128}) {
+      const auto opts = at::TensorOptions().dtype(dt).device(at::kCUDA);
+      const auto f32 = opts.dtype(at::kFloat);
+      const at::Tensor q = at::randn({2, 2, 300, D}, opts), k = at::randn({2, 2, 400, D}, opts);
+      const at::Tensor v = at::randn({2, 2, 400, D}, opts);
+      const std::vector<std::pair<std::string, at::Tensor>> biases = {
+          {"transposed", at::randn({2, 400, 300}, f32).transpose(1, 2)},
+          {"broadcast", at::randn({1, 300, 400}, f32).expand({2, 300, 400})},
+          {"misaligned", at::randn({2, 300, 402}, f32).narrow(2, 1, 400)},
+      };
+      for (const auto& [name, bias] : biases) {
+        auto o = AttentionOptions().causal(true).backend(Backend::kFused);
+        const at::Tensor a = flashcos::cosine_sim_attention(q, k, v, AttentionOptions(o).attn_bias(bias));
+        const at::Tensor b = flashcos::cosine_sim_attention(q, k, v, AttentionOptions(o).attn_bias(bias.contiguous()));
+        EXPECT_TRUE(at::equal(a, b)) << dtype_name(dt) << " d " << D << " " << name << " bias";
+      }
+    }
+  }
 }
 
 // Long sequence without n^2 memory: b 1, h 8, n 65536, d 64 bf16 causal, forward + backward.

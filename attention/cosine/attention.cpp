@@ -31,6 +31,22 @@ int64_t hopper_kernel_launches() {
 #endif
 }
 
+int64_t hopper_forward_kernel_launches() {
+#ifdef FLASHCOS_WITH_CUDA
+  return cuda::hopper_fwd_launches();
+#else
+  return 0;
+#endif
+}
+
+int64_t hopper_backward_kernel_launches() {
+#ifdef FLASHCOS_WITH_CUDA
+  return cuda::hopper_bwd_launches();
+#else
+  return 0;
+#endif
+}
+
 std::string to_string(AttentionKind kind) { return kind == AttentionKind::kExp ? "exp" : "cosine"; }
 
 std::string to_string(Backend backend) {

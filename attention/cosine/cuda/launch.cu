@@ -1,10 +1,14 @@
-// The launchers: pick the kernel family for the inputs and the device, then the template
-// instance for (dtype, head dim). Families:
+// The launchers: pick the kernel family for the inputs, the device and the direction, then the
+// template instance for (dtype, head dim). Families:
 //   * Hopper (attention/cosine/cuda/hopper/, wgmma, sm_90a): fp16 / bf16, every head dim (16 / 32 on
-//     the d 64 tiles, 80 / 96 on the d 128 ones, zero-padded), with or without
-//     a key mask, no bias, scales inside the fixed-offset range of the forward; used on compute capability 9.0
-//     devices when the build has it (FLASHCOS_HAS_HOPPER) and FLASHCOS_HOPPER is not "0".
-//   * sm_80+ mma.sync kernels for every other fp16 / bf16 case;
+//     the d 64 tiles, 80 / 96 on the d 128 ones, zero-padded), with or without a key mask; the
+//     forward also with an attention bias and with the online max (fwd_needs_online), the backward
+//     also with a bias and its gradient (hopper_covers_fwd / hopper_covers_bwd below, the one place
+//     that decides);
+//     used on compute capability 9.0 devices when the build has it (FLASHCOS_HAS_HOPPER) and
+//     FLASHCOS_HOPPER is not "0".
+//   * sm_80+ mma.sync kernels for every other fp16 / bf16 case (whatever the TMA unit cannot
+//     address, and the biased backward with FLASHCOS_HOPPER_BWD_BIAS=0);
 //   * SIMT kernels for fp32 / fp64.
 #include <atomic>
 #include <cstdlib>
@@ -18,7 +22,7 @@ namespace {
 
 enum class Family { kHopper, kSm80Mma, kSimt };
 
-std::atomic<int64_t> g_hopper_launches{0};
+std::atomic<int64_t> g_hopper_fwd_launches{0}, g_hopper_bwd_launches{0};
 
 bool is_16bit(DType dtype) { return dtype == DType::kHalf || dtype == DType::kBFloat16; }
 
@@ -40,25 +44,46 @@ bool hopper_device() {
   return major == 9 && minor == 0;
 }
 
-// Head dims up to 64 run on the d 64 tiles, the others on the d 128 ones (hopper/tma_map.h: the
+// The build, the device and FLASHCOS_HOPPER allow the Hopper family for these inputs' dtype and head
+// dim. Head dims up to 64 run on the d 64 tiles, the others on the d 128 ones (hopper/tma_map.h: the
 // columns past the head dim load as zeros and are not stored).
-bool hopper_covers(const CommonParams& p) {
+bool hopper_usable(const CommonParams& p) {
 #ifdef FLASHCOS_HAS_HOPPER
-  return is_16bit(p.dtype) && supports_head_dim(p.D) && p.bias == nullptr && hopper_enabled() && hopper_device();
+  return is_16bit(p.dtype) && supports_head_dim(p.D) && hopper_enabled() && hopper_device();
 #else
   (void)p;
   return false;
 #endif
 }
 
-Family pick_family(const CommonParams& p, bool hopper_ok) {
+// FLASHCOS_HOPPER_BWD_BIAS=0 (read once) sends the backward with an attention bias to the sm_80
+// kernels (which read the same saved l), for comparisons.
+bool hopper_bwd_bias_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_BWD_BIAS");
+    return env == nullptr || env[0] != '0';
+  }();
+  return enabled;
+}
+
+// What each direction of the Hopper family covers (with hopper_usable): everything the sm_80
+// kernels do (key mask, attention bias with its gradient, the online-max forward;
+// hopper/fwd_hopper.cuh, hopper/bwd_hopper.cuh).
+bool hopper_covers_fwd(const FwdParams& p) { return hopper_usable(p); }
+bool hopper_covers_bwd(const BwdParams& p) {
+  return hopper_usable(p) && (p.bias == nullptr || hopper_bwd_bias_enabled());
+}
+
+Family pick_family(const CommonParams& p, bool hopper_covers) {
   if (!is_16bit(p.dtype)) return Family::kSimt;
-  return hopper_ok && hopper_covers(p) ? Family::kHopper : Family::kSm80Mma;
+  return hopper_covers ? Family::kHopper : Family::kSm80Mma;
 }
 
 }  // namespace
 
-int64_t hopper_launches() { return g_hopper_launches.load(); }
+int64_t hopper_fwd_launches() { return g_hopper_fwd_launches.load(); }
+int64_t hopper_bwd_launches() { return g_hopper_bwd_launches.load(); }
+int64_t hopper_launches() { return hopper_fwd_launches() + hopper_bwd_launches(); }
 
 bool supports_head_dim(int d) {
   return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
@@ -67,7 +92,7 @@ bool supports_head_dim(int d) {
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (!supports_head_dim(p.D)) return cudaErrorInvalidValue;
   if (p.B == 0 || p.H == 0 || p.I == 0) return cudaSuccess;
-  switch (pick_family(p, !fwd_needs_online(p, p.dtype == DType::kHalf))) {
+  switch (pick_family(p, hopper_covers_fwd(p))) {
 #ifdef FLASHCOS_HAS_HOPPER
     case Family::kHopper: {
       const cudaError_t err = FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
@@ -75,7 +100,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
       });
       // cudaErrorNotSupported: the TMA unit cannot address these inputs; the sm_80 kernels run.
       if (err != cudaErrorNotSupported) {
-        ++g_hopper_launches;
+        ++g_hopper_fwd_launches;
         return err;
       }
       [[fallthrough]];
@@ -95,7 +120,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!supports_head_dim(p.D)) return cudaErrorInvalidValue;
   if (p.B == 0 || p.H == 0 || p.I == 0 || p.J == 0) return cudaSuccess;
-  switch (pick_family(p, true)) {
+  switch (pick_family(p, hopper_covers_bwd(p))) {
 #ifdef FLASHCOS_HAS_HOPPER
     case Family::kHopper: {
       const cudaError_t err = FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
@@ -103,7 +128,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
       });
       // cudaErrorNotSupported: the TMA unit cannot address these inputs; the sm_80 kernels run.
       if (err != cudaErrorNotSupported) {
-        ++g_hopper_launches;
+        ++g_hopper_bwd_launches;
         return err;
       }
       [[fallthrough]];

@@ -92,7 +92,8 @@ struct BwdParams : CommonParams {
 // Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the
 // limits): with q . k <= 1, fp16 with a bias or past scale 10.05, bf16 past scale 34; fp16
 // whenever q . k can pass 1 (P = exp(scale (q.k - 1)) above 1 overflows the fixed 2^15 shift),
-// bf16 once it can pass 2^100; never for the exp kind.
+// bf16 once it can pass 2^100; never for the exp kind. Both forward families follow it (the sm_80
+// fwd_kernel.cuh and the Hopper hopper/fwd_hopper_ws.cuh, kOnline) and save the same l.
 inline bool fwd_needs_online(const CommonParams& p, bool is_half) {
   if (p.exp_kind) return false;
   const float k = p.scale * 1.4426950408889634f;
@@ -102,12 +103,16 @@ inline bool fwd_needs_online(const CommonParams& p, bool is_half) {
   return top_log2 > 100.f || span_log2 > 100.f;
 }
 
-// The launchers (attention/cosine/cuda/launch.cu). They pick the kernel family for the inputs and the
-// device (Hopper wgmma kernels for the 16-bit d 64 / 128 cases without mask or bias on compute
-// capability 9.0, the sm_80 mma.sync kernels for the other 16-bit cases, SIMT for fp32 / fp64)
-// and return the first CUDA error, for the caller to check.
+// The launchers (attention/cosine/cuda/launch.cu). They pick the kernel family for the inputs, the
+// device and the direction (on compute capability 9.0, the Hopper wgmma kernels for every 16-bit
+// forward and backward, key mask, bias (with its gradient) and online max included;
+// the sm_80 mma.sync kernels for the other 16-bit cases; SIMT for fp32 / fp64; launch.cu's
+// hopper_covers_fwd / hopper_covers_bwd decide) and return the first CUDA error, for the caller to
+// check.
 bool supports_head_dim(int d);
-// Launches (forward or backward) that went to the Hopper family so far in this process.
+// Launches that went to the Hopper family so far in this process: forwards, backwards, both.
+int64_t hopper_fwd_launches();
+int64_t hopper_bwd_launches();
 int64_t hopper_launches();
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);

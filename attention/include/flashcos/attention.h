@@ -46,5 +46,9 @@ bool fused_kernels_compiled();
 /// How many fused-kernel launches (forward or backward) went to the Hopper (wgmma) family in this
 /// process; 0 without it. Lets tests and benchmarks check which family ran.
 int64_t hopper_kernel_launches();
+/// The same count for one direction: forward launches, backward launches (their sum is
+/// hopper_kernel_launches()). With an attention bias the forward runs on Hopper, the backward not yet.
+int64_t hopper_forward_kernel_launches();
+int64_t hopper_backward_kernel_launches();
 
 }  // namespace flashcos

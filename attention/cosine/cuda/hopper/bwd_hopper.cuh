@@ -63,8 +63,11 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     BwdParams banded = p;
     banded.key_band = hopper_bwd_key_band<D>(p, Tile::kBN);
-    auto kernel = p.dq_semaphore != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
-                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
+    const bool det = p.dq_semaphore != nullptr;
+    auto kernel = p.bias != nullptr ? (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
+                                           : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>)
+                                    : (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
+                                           : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>);
     return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
   }
 }

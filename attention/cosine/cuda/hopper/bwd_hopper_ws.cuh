@@ -1,8 +1,10 @@
 // Backward of cosine-sim attention on Hopper (sm_90a, wgmma), fp16 / bf16, d 64 / 128, warp
 // specialised: a producer warp loads by TMA, two consumer warpgroups only compute.
 //
-// Same math and scratch as bwd_kernel.cuh (read its header first); a key mask or none, no bias
-// (launch.cu sends that to the sm_80 kernels). One CTA owns kBN = 128 keys of one (b, kv head) and
+// Same math and scratch as bwd_kernel.cuh (read its header first); a key mask or none, an
+// attention bias or none (kBias: the bias added to the logits as the P is recomputed, dbias = dS by
+// fp32 reductions into dbias_accum; both straight from / to global memory, 8 bytes per element, so
+// that case is bound by memory, and its instances spill 200-650 bytes). One CTA owns kBN = 128 keys of one (b, kv head) and
 // loops over every query head of the group and every block of kBM (128 for d 64, 64 for d 128)
 // query rows. Consumer c owns keys n0 + 64 c .. n0 + 64 c + 63 and, per step it:
 //   S^T = K_c Q^T, dP^T = V_c dO^T      wgmma, A (K-major) and B (K-major) from shared memory, as
@@ -106,7 +108,7 @@ struct BwdWsTile {
   static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
 };
 
-template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false>
+template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -429,9 +431,34 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // ncu, 2.3 % of the consumers' stall samples). Kept by increment, not step_m0's division (its reciprocal and corrections: 25 instructions a step).
   int m_next = 0;  // (it + 1) % per_head
   int m0_next = m_start * kBM;
+  int h_next = hkv * group;  // kBias: step_h(it + 1), likewise
+  // kBias: the bias and dbias of this thread's first key (n0 + key_local0) in row 0 of head (or
+  // batch) `lead`; step it's rows m0 + rl, keys + 8 e0 are at + rl i_stride + 8 e0 j_stride (dbias:
+  // + rl J + 8 e0; (B, H, I, J) with dbias_per_head, every element added once there).
+  // Keys past J read key J - 1 instead (kbias_off; their P is cleared), rows past I row m0 (their
+  // c_i is -inf), so that the loads need no predicate.
+  const float* gBias0 = nullptr;
+  float* gdBias0 = nullptr;
+  float inv_ds_scale = 1.f;
+  int64_t kbias_off[2] = {0, 0};
+  bool key_in[2] = {false, false};
+  if constexpr (kBias) {
+    gBias0 = static_cast<const float*>(p.bias) + (p.bias_batch_dim ? b : 0) * p.bias_0_stride +
+             int64_t(n0 + key_local0) * p.bias_j_stride;
+    gdBias0 = static_cast<float*>(p.dbias_accum) + (p.dbias_per_head ? int64_t(b) * H * I * J : 0) +
+              (!p.dbias_per_head && p.bias_batch_dim ? int64_t(b) * I * J : 0) + (n0 + key_local0);
+    inv_ds_scale = 1.f / ds_scale;
+#pragma unroll
+    for (int e0 = 0; e0 < 2; ++e0) {
+      const int col = n0 + key_local0 + 8 * e0;
+      key_in[e0] = col < J;
+      kbias_off[e0] = int64_t(min(col, J - 1) - (n0 + key_local0)) * p.bias_j_stride;
+    }
+  }
   auto run_step = [&](int it, auto prev) {
     constexpr bool kPrev = decltype(prev)::value;
     const int m0 = m0_next;
+    [[maybe_unused]] const int h = h_next;
     mbar_wait(bar_full + stage, phase);
     if (it == 0 && c == 1) named_bar_sync<1, kConsumerThreads>();  // start half a step after consumer 0
     const float* sRowCs = sRowC + stage * Tile::kStatSlots + t * Tile::kStatStride;  // this thread's rows
@@ -469,7 +496,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     issue_s_dp(rdP, v_desc, desc_add(do_desc_k, stage_off));
     wgmma_commit();
-    if (++m_next == per_head) m_next = 0;  // while S^T / dP^T run
+    if (++m_next == per_head) {  // while S^T / dP^T run
+      m_next = 0;
+      ++h_next;
+    }
     m0_next = (m_start + m_next) * kBM;
     // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's
     // reduction now: by here the stores have long completed, and the proxy fence does not wait for
@@ -491,10 +521,35 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // per element it precomputed the 64 compares and spilled.) Masked elements are finite or +inf
     // before they are cleared (keys past J are zero-filled, rows past I have c_i = -inf), so
     // clearing their bits leaves an exact 0 for dV and dS.
+    // kBias: + bias log2e, read for rows below I and keys that are kept (0 elsewhere; those elements
+    // are cleared below or have c_i = -inf).
+    [[maybe_unused]] const float* gBias = nullptr;
+    [[maybe_unused]] const int rows_left = I - m0;  // rows m0 + rl with rl >= rows_left are past I
+    if constexpr (kBias) gBias = gBias0 + (p.bias_batch_dim ? 0 : int64_t(h) * p.bias_0_stride) + int64_t(m0) * p.bias_i_stride;
+    if constexpr (kBias) {
+      // Element i = 4 q + 2 e0 + hh: row 8 q + 2 t + hh, key + 8 e0; row pointers walked by 8 rows.
+      const int64_t bis = p.bias_i_stride;
+      const float* rowp = gBias + int64_t(2 * t) * bis;
 #pragma unroll
-    for (int i = 0; i < kBM / 2; ++i) {
-      const float ci = i / 4 < kPre ? rc[2 * (i / 4) + i % 2] : sRowCs[2 * (i / 4) + i % 2];
-      rS[i] = fast_exp2(fmaf(rS[i], scale_log2, ci));
+      for (int q = 0; q < kBM / 8; ++q) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float* src = 8 * q + 2 * t + hh < rows_left ? rowp + (hh ? bis : 0) : gBias;
+#pragma unroll
+          for (int e0 = 0; e0 < 2; ++e0) {
+            const int i = 4 * q + 2 * e0 + hh;
+            const float ci = i / 4 < kPre ? rc[2 * (i / 4) + i % 2] : sRowCs[2 * (i / 4) + i % 2];
+            rS[i] = fast_exp2(fmaf(__ldg(src + kbias_off[e0]), kLog2e, fmaf(rS[i], scale_log2, ci)));
+          }
+        }
+        rowp += 8 * bis;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBM / 2; ++i) {
+        const float ci = i / 4 < kPre ? rc[2 * (i / 4) + i % 2] : sRowCs[2 * (i / 4) + i % 2];
+        rS[i] = fast_exp2(fmaf(rS[i], scale_log2, ci));
+      }
     }
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rPf[kk], rS, kk);
@@ -526,6 +581,24 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     for (int i = 0; i < kBM / 2; ++i) {
       const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
       rdP[i] = (i % 2 ? pp.y : pp.x) * fmaf(rdP[i], ds_scale, -rD[2 * (i / 4) + i % 2]);
+    }
+    if constexpr (kBias) {
+      // dbias = dS (without the folded scale), added by fp32 reductions (sm_80's bwd_kernel.cuh does
+      // the same); masked elements add their exact 0 only where the key is kept.
+      float* gdBias = gdBias0 + (p.dbias_per_head ? int64_t(h) * I * J : p.bias_batch_dim ? 0 : int64_t(h) * I * J) +
+                      int64_t(m0) * J;
+      float* rowp = gdBias + int64_t(2 * t) * J;
+#pragma unroll
+      for (int q = 0; q < kBM / 8; ++q) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const bool row_in = 8 * q + 2 * t + hh < rows_left;
+#pragma unroll
+          for (int e0 = 0; e0 < 2; ++e0)
+            if (row_in && key_in[e0]) red_add(rowp + (hh ? J : 0) + 8 * e0, rdP[4 * q + 2 * e0 + hh] * inv_ds_scale);
+        }
+        rowp += 8 * int64_t(J);
+      }
     }
 #pragma unroll
     for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);

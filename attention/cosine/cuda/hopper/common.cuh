@@ -70,6 +70,12 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// *addr += v, an fp32 reduction in L2 (no value returned, relaxed).
+__device__ __forceinline__ void red_add(float* addr, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;\n" ::"l"(addr), "f"(v) : "memory");
+#endif
+}
 // Four 8 x 8 16-bit matrices to shared memory (stmatrix .x4): register i of every thread holds
 // row lane / 4, columns 2 (lane % 4), + 1 of matrix i (mma.sync's fragment layout); lanes 8 i .. 8 i + 7
 // give the addresses of matrix i's rows 0 .. 7 (16 bytes each, 16-byte aligned).

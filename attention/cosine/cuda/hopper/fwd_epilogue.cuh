@@ -2,7 +2,9 @@
 // written in pairs straight from the wgmma accumulators (layout: wgmma.cuh), and the row sums the
 // backward needs.
 //   o_r = O_r / l_r  (l_r = the row sum of the 16-bit P; 0 for an empty row; 1 for the exp kind)
-//   l (saved) = the fp32 sum of the unrounded P of the row, without the fp16 kernels' 2^15 shift
+//   l (saved) = the fp32 sum of the unrounded P of the row, without the fp16 kernels' 2^15 shift, or
+//               with kOnline lt 2^m (m the row max in log2 units; -inf and l = 0 for an empty row):
+//               the sum of exp(scale (q.k - 1) + bias), what the sm_80 kernel saves
 #pragma once
 
 #include "attention/cosine/cuda/fwd_kernel.cuh"
@@ -19,10 +21,12 @@ __device__ __forceinline__ void hold_frags(uint32_t (&frag)[K][4]) {
 }
 
 // Rows row0 and row0 + 8 of head (b, h): l[e0] is row e0's normaliser, rLt[e0] this thread's part of
-// its unrounded sum (the four threads of a quad hold a row's columns; summed here).
-template <typename T, int D, int kRegs>
+// its unrounded sum (the four threads of a quad hold a row's columns; summed here), rM[e0] its
+// running max (kOnline only).
+template <typename T, int D, bool kOnline, int kRegs>
 __device__ __forceinline__ void store_fwd_rows(const FwdParams& p, const float (&rO)[kRegs], const float (&l)[2],
-                                               const float (&rLt)[2], int b, int h, int row0, int t) {
+                                               const float (&rLt)[2], const float (&rM)[2], int b, int h, int row0,
+                                               int t) {
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
     float lt = rLt[e0];
@@ -38,7 +42,8 @@ __device__ __forceinline__ void store_fwd_rows(const FwdParams& p, const float (
         *reinterpret_cast<uint32_t*>(gO + dt * 8 + 2 * t) =
             pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
     if (t == 0 && p.l != nullptr)
-      static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * p.I + r] = lt * exp2f(-kFwdShiftLog2<T>);
+      static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * p.I + r] =
+          kOnline ? lt * exp2f(rM[e0]) : lt * exp2f(-kFwdShiftLog2<T>);
   }
 }
 

@@ -1,12 +1,16 @@
 // The Hopper family's forward launcher: which kernel of fwd_hopper_ws.cuh runs. The kernel, its
-// math and its synchronisation: fwd_hopper_ws.cuh. The cp.async forward that every thread loaded
-// for (the default until 2026-11-25; forward TFLOP/s H100 bf16 b4 h8 n 8192 d64 / d128: 383 / 426
-// against 570 / 660 for the default now) was removed once the warp-specialised kernel replaced it;
-// inputs the TMA unit cannot address go to the sm_80 kernels (launch.cu).
+// math and its synchronisation: fwd_hopper_ws.cuh. It takes every 16-bit forward (key mask or none,
+// attention bias or none, fixed offset or online max): four instances per schedule, with or without
+// a bias (kBias) and the online max (kOnline, fwd_needs_online in params.h). The cp.async forward
+// that every thread loaded for (the default until 2026-11-25; forward TFLOP/s H100 bf16 b4 h8
+// n 8192 d64 / d128: 383 / 426 against 570 / 660 for the default now) was removed once the
+// warp-specialised kernel replaced it; inputs the TMA unit cannot address go to the sm_80 kernels
+// (launch.cu).
 #pragma once
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
 
@@ -15,7 +19,10 @@ namespace flashcos::cuda {
 // Which Hopper forward runs (FLASHCOS_HOPPER_FWD, read once): "ws-overlap" (default) the
 // warp-specialised kernel with its overlapped schedule, "ws" the same without the overlap,
 // "ws-packed" the default with d 128's l summed from the packed P (FwdL::kPackedSum; the default
-// takes it from an n8 wgmma).
+// takes it from an n8 wgmma). d 128 with a bias runs without the overlap whatever the choice:
+// overlapped, S_j, P_{j-1}, O, l and the block's 64 bias values would live in registers at once
+// (228 of the 240), and ptxas spills 140 to 350 bytes; without the overlap nothing spills. The bias
+// forward is bound by the bias's bandwidth anyway (fwd_logits.cuh). Not timed yet.
 enum class HopperFwdKind { kOverlap, kPlain, kOverlapPackedSum };
 inline HopperFwdKind hopper_fwd_kind() {
   static const HopperFwdKind kind = [] {
@@ -26,17 +33,32 @@ inline HopperFwdKind hopper_fwd_kind() {
   return kind;
 }
 
+// One schedule: the instance for the bias and the online max of p.
+template <typename T, int D, bool kOverlap, hopper::FwdL L>
+cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
+  const bool online = fwd_needs_online(p, std::is_same_v<T, __half>);
+  if (p.bias != nullptr) {
+    constexpr bool kBiasOverlap = kOverlap && D == 64;  // d 128: see hopper_fwd_kind
+    constexpr hopper::FwdL kBiasL = D == 64 ? L : hopper::kDefaultFwdL<D>;
+    return online ? launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, true>(p, stream)
+                  : launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, false>(p, stream);
+  }
+  return online ? launch_fwd_hopper_ws<T, D, kOverlap, L, false, true>(p, stream)
+                : launch_fwd_hopper_ws<T, D, kOverlap, L>(p, stream);
+}
+
 // The forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot address the inputs.
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
+  constexpr hopper::FwdL kDefault = hopper::kDefaultFwdL<D>;
   constexpr hopper::FwdL kPacked = D == 128 ? hopper::FwdL::kPackedSum : hopper::FwdL::kOnesCols;
   switch (hopper_fwd_kind()) {
     case HopperFwdKind::kPlain:
-      return launch_fwd_hopper_ws<T, D, false>(p, stream);
+      return launch_fwd_hopper_case<T, D, false, kDefault>(p, stream);
     case HopperFwdKind::kOverlapPackedSum:
-      return launch_fwd_hopper_ws<T, D, true, kPacked>(p, stream);
+      return launch_fwd_hopper_case<T, D, true, kPacked>(p, stream);
     default:
-      return launch_fwd_hopper_ws<T, D, true>(p, stream);
+      return launch_fwd_hopper_case<T, D, true, kDefault>(p, stream);
   }
 }
 

@@ -1,13 +1,16 @@
 // Forward of cosine-sim attention on Hopper (sm_90a, wgmma), fp16 / bf16, d 64 / 128, warp
 // specialised: a producer warp loads by TMA, consumer warpgroups only compute. Same math as
-// fwd_kernel.cuh (read its header first); a key mask or none, no bias, scales inside the
-// fixed-offset range (launch.cu sends everything else to the sm_80 kernels):
+// fwd_kernel.cuh (read its header first), every case of it: a key mask or none, an attention bias
+// (kBias) or none, the fixed offset or the online row max (kOnline, where fwd_needs_online says so):
 //   S (64 x kBN) = Q K^T              wgmma, A = Q and B = K from shared memory (K-major)
-//   P = exp2(S scale log2e + offset)  in the accumulators (no running max: |q.k| <= 1 bounds the
-//                                     logits), packed to 16-bit A fragments
-//   O = P [V | 1] / l                 wgmma, A = P from registers, B = V (N-major); l = the row
-//                                     sums of the 16-bit P
-// and the fp32 sum of the unrounded P per row for the backward.
+//   x = S scale log2e + offset        in the accumulators (+ bias log2e with kBias); masked = -inf
+//   P = exp2(x)                       fixed offset (-scale log2e, + 15 for fp16): |q.k| <= 1 bounds x
+//   P = exp2(x - m), m the row max    kOnline: m grows block by block; O, l, lt are then rescaled
+//                                     by alpha = exp2(m_old - m_new) (fwd_logits.cuh)
+//   O = P [V | 1] / l                 wgmma, A = P (16-bit A fragments) from registers, B = V
+//                                     (N-major); l = the row sums of the 16-bit P
+// and the fp32 sum lt of the unrounded P per row for the backward (saved as l: lt 2^-15 for fp16's
+// fixed offset, lt 2^m with kOnline: the sum of exp(scale (q.k - 1) + bias), as the sm_80 kernel).
 //
 // CTA: warpgroup 0 is the producer (setmaxnreg gives its registers away; one thread issues every
 // TMA load), warpgroups 1 .. kWG own 64 query rows each (kBM = 64 kWG rows per CTA). Shared memory:
@@ -27,6 +30,12 @@
 // the consumer warpgroups take turns issuing their MMAs (a token passed round a ring of named
 // barriers), so that one warpgroup's exp runs while the others' MMAs occupy the tensor cores.
 // Without kOverlap each warpgroup runs S, exp, P V in sequence.
+// kOnline with kOverlap: block j's exp (new max m_j) runs while P_{j-1} V_{j-1} still adds into O
+// under m_{j-1}; so lt is rescaled at once, O and l (d 64's ones columns of rO, d 128's rL) only
+// after the wait for that wgmma and before P_j V_j is issued (rescale_out; keep_ahead_of_wait stops
+// ptxas from hoisting that wait above the exps). kBias: the block's bias is loaded into registers
+// right after the MMAs are issued, before the wait for S (FwdBias, fwd_logits.cuh). Both take 2
+// consumer warpgroups (kFwdWsWG); d 128 with a bias runs without kOverlap (hopper/fwd_hopper.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -34,6 +43,7 @@
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/fwd_epilogue.cuh"
+#include "attention/cosine/cuda/hopper/fwd_logits.cuh"
 #include "attention/cosine/cuda/hopper/tma.cuh"
 #include "attention/cosine/cuda/hopper/tma_map.h"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
@@ -52,11 +62,18 @@ enum class FwdL { kOnesCols, kPackedSum, kOnesMma };
 template <int D>
 constexpr FwdL kDefaultFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
 
-template <int D, FwdL L = kDefaultFwdL<D>>
+// Consumer warpgroups (64 query rows each; 3 get 160 registers, 2 get 240): d 64 3, but 2 with a
+// bias (the 64 bias values a thread loads ahead of the exp) or the online max (with 3, ptxas
+// spills 24 bytes in the overlapped loop); d 128 2.
+template <int D, bool kBias, bool kOnline>
+constexpr int kFwdWsWG = D == 64 && !kBias && !kOnline ? 3 : 2;
+
+template <int D, FwdL L = kDefaultFwdL<D>, int WG = kFwdWsWG<D, false, false>>
 struct FwdWsTile {
   static_assert(D == 64 || D == 128, "the Hopper forward covers head dims 64 and 128");
   static_assert(D == 64 || L != FwdL::kOnesCols, "d 128 has no shared memory for ones columns beside 3 stages");
-  static constexpr int kWG = D == 64 ? 3 : 2;  // consumer warpgroups, 64 query rows each
+  static_assert(WG == 2 || WG == 3, "2 or 3 consumer warpgroups");
+  static constexpr int kWG = WG;  // consumer warpgroups, 64 query rows each
   static constexpr int kBM = 64 * kWG;
   static constexpr int kBN = 128;
   static constexpr int kStages = D == 64 ? 4 : 3;
@@ -77,11 +94,11 @@ struct FwdWsTile {
                 "registers allocated at launch");
 };
 
-template <typename T, int D, bool kOverlap, FwdL L>
-__global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
+template <typename T, int D, bool kOverlap, FwdL L, bool kBias = false, bool kOnline = false>
+__global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::kThreads, 1)
     fwd_hopper_ws_kernel(const __grid_constant__ FwdTmaMaps maps, const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = FwdWsTile<D, L>;
+  using Tile = FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>;
   constexpr int kWG = Tile::kWG, kBM = Tile::kBM, kBN = Tile::kBN, kNO = Tile::kNO, kStages = Tile::kStages;
   constexpr int kKT = D / 16;    // k-steps of Q K^T
   constexpr int kPT = kBN / 16;  // k-steps of P V
@@ -167,8 +184,15 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
   float rLt[2] = {0.f, 0.f};  // fp32 row sums of the unrounded P (this thread's columns)
   float rLr[2] = {0.f, 0.f};  // kPackedSum: fp32 row sums of the 16-bit P
   float rL[4] = {0.f, 0.f, 0.f, 0.f};  // kOnesMma: P [1 x 8] (every column a row sum)
+  float rM[2] = {-INFINITY, -INFINITY};  // kOnline: running row max of the log2 logits
+  float rAlpha[2] = {1.f, 1.f};  // kOnline: the last block's rescale of O and l, applied by rescale_out
   const float scale_log2 = p.scale * kLog2e;
-  const float offset_log2 = p.exp_kind ? 0.f : kFwdShiftLog2<T> - scale_log2;
+  const float offset_log2 = p.exp_kind ? 0.f : kOnline ? -scale_log2 : kFwdShiftLog2<T> - scale_log2;
+  FwdBias<kBN> bias;
+  if constexpr (kBias) {
+    bias.init(p, b, h, row0, t);
+    bias.prefetch(0);  // while Q and K_0 land
+  }
 
   // Descriptors as a base plus offsets (desc_add).
   const uint64_t q_desc = make_desc(aQ + c * 64 * kSw128Row, 16, kSw128Atom);
@@ -197,11 +221,27 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
     fence_regs(rO);
     if constexpr (L == FwdL::kOnesMma) fence_regs(rL);
   };
+  // kOnline: O and l (the ones columns of rO, or rL) from the previous block's max to the current
+  // one, once every P V wgmma under the previous max has completed; the fences keep the products
+  // ahead of the next wgmma_fence.
+  auto rescale_out = [&] {
+    if constexpr (kOnline) {
+#pragma unroll
+      for (int i = 0; i < kNO / 2; ++i) rO[i] *= rAlpha[(i / 2) % 2];
+      if constexpr (L == FwdL::kOnesMma) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) rL[i] *= rAlpha[i / 2];
+      }
+      fence_out();
+    }
+  };
   // P = exp2(logit in log2 units) in place; keys past J, masked keys and keys above the causal
   // diagonal give 0. The key mask: bit 2 q + e of `keep` is this thread's column n0 + 8 q + 2 t + e.
+  // kBias: rB is the block's bias (0 where not loaded). kOnline: the logits (-inf where P = 0) go
+  // to online_exp, which sets rAlpha and rescales rLt (rLr) at once.
   const bool has_mask = p.mask != nullptr;
   const uint8_t* gMask = has_mask ? p.mask + int64_t(b) * p.mask_b_stride : nullptr;
-  auto exp_block = [&](float (&rS)[kBN / 2], int j) {
+  auto exp_block = [&](float (&rS)[kBN / 2], const float (&rB)[kBias ? kBN / 2 : 1], int j) {
     const int n0 = j * kBN;
     const bool elementwise = has_mask || n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
     uint32_t keep = 0xffffffffu;
@@ -218,9 +258,15 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
     if (!elementwise) {
 #pragma unroll
       for (int i = 0; i < kBN / 2; ++i) {
-        const float pe = fast_exp2(fmaf(rS[i], scale_log2, offset_log2));
-        rS[i] = pe;
-        rLt[(i / 2) % 2] += pe;
+        float x = fmaf(rS[i], scale_log2, offset_log2);
+        if constexpr (kBias) x = fmaf(rB[i], kLog2e, x);
+        if constexpr (kOnline) {
+          rS[i] = x;
+        } else {
+          const float pe = fast_exp2(x);
+          rS[i] = pe;
+          rLt[(i / 2) % 2] += pe;
+        }
       }
     } else {
 #pragma unroll
@@ -228,9 +274,28 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
         const int col = n0 + (i / 4) * 8 + 2 * t + (i % 2);
         const int r = row0 + 8 * ((i / 2) % 2);
         const bool ok = col < J && (!p.causal || col <= r + diag) && ((keep >> (2 * (i / 4) + (i % 2))) & 1u);
-        const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
-        rS[i] = pe;
-        rLt[(i / 2) % 2] += pe;
+        if constexpr (kBias || kOnline) {
+          float x = fmaf(rS[i], scale_log2, offset_log2);
+          if constexpr (kBias) x = fmaf(rB[i], kLog2e, x);
+          if constexpr (kOnline) {
+            rS[i] = ok ? x : -INFINITY;
+          } else {
+            const float pe = ok ? fast_exp2(x) : 0.f;
+            rS[i] = pe;
+            rLt[(i / 2) % 2] += pe;
+          }
+        } else {
+          const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
+          rS[i] = pe;
+          rLt[(i / 2) % 2] += pe;
+        }
+      }
+    }
+    if constexpr (kOnline) {
+      online_exp(rS, rM, rAlpha, rLt);
+      if constexpr (L == FwdL::kPackedSum) {
+        rLr[0] *= rAlpha[0];  // the packed sums so far (P_{j-1} included: pack_p ran)
+        rLr[1] *= rAlpha[1];
       }
     }
   };
@@ -270,6 +335,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
     if constexpr (kOverlap) {
       if (c == kWG - 1) asm volatile("bar.arrive %0, %1;\n" ::"r"(1), "n"(256) : "memory");
       float rS[kBN / 2];
+      float rB[kBias ? kBN / 2 : 1];
       uint32_t rP[kPT][4];
       mbar_wait(bar_full, 0);
       token_wait();
@@ -277,9 +343,13 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
       issue_s(rS, 0);
       wgmma_commit();
       token_pass(false);
+      if constexpr (kBias) {
+        bias.load(rB, 0);
+        if (n_blocks > 1) bias.prefetch(kBN);
+      }
       wgmma_wait<0>();
       fence_regs(rS);
-      exp_block(rS, 0);
+      exp_block(rS, rB, 0);  // kOnline: O and l are still 0, nothing to rescale
       pack_p(rP, rS);
       for (int j = 1; j < n_blocks; ++j) {
         const int stage = j % kStages, prev = (j - 1) % kStages;
@@ -291,11 +361,17 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
         issue_pv(rP, prev);
         wgmma_commit();
         token_pass(false);
+        if constexpr (kBias) {  // in flight while the MMAs run
+          bias.load(rB, j * kBN);
+          if (j + 1 < n_blocks) bias.prefetch((j + 1) * kBN);
+        }
         wgmma_wait<1>();  // S_j
         fence_regs(rS);
-        exp_block(rS, j);
+        exp_block(rS, rB, j);  // kOnline: the max m_j; lt rescaled, O and l not yet
+        if constexpr (kOnline) keep_ahead_of_wait(rLt);
         wgmma_wait<0>();  // P_{j-1} V_{j-1}
         fence_out();
+        rescale_out();   // kOnline: O and l (all of P_0 .. P_{j-1} in now) from m_{j-1} to m_j
         hold_frags(rP);  // P_{j-1} stays in its registers until its wgmma completed
         release(prev);
         pack_p(rP, rS);
@@ -314,12 +390,18 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
         const int stage = j % kStages;
         mbar_wait(bar_full + stage, (j / kStages) & 1);
         float rS[kBN / 2];
+        float rB[kBias ? kBN / 2 : 1];
         wgmma_fence();
         issue_s(rS, stage);
         wgmma_commit();
+        if constexpr (kBias) {
+          bias.load(rB, j * kBN);
+          if (j + 1 < n_blocks) bias.prefetch((j + 1) * kBN);
+        }
         wgmma_wait<0>();
         fence_regs(rS);
-        exp_block(rS, j);
+        exp_block(rS, rB, j);
+        rescale_out();  // kOnline: P_{j-1} V_{j-1} completed in the previous step
         uint32_t rP[kPT][4];
         pack_p(rP, rS);
         wgmma_fence();
@@ -343,7 +425,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L>::kThreads, 1)
       l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 2);
     }
   }
-  store_fwd_rows<T, D>(p, rO, l, rLt, b, h, row0, t);
+  store_fwd_rows<T, D, kOnline>(p, rO, l, rLt, rM, b, h, row0, t);
 #endif
 }
 
@@ -353,9 +435,11 @@ namespace flashcos::cuda {
 
 // The warp-specialised forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot
 // address the inputs (the caller then runs the sm_80 kernels).
-template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL<D>>
+// kBias: p.bias is set; kOnline: fwd_needs_online(p) (the launcher picks both from p).
+template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL<D>, bool kBias = false,
+          bool kOnline = false>
 cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
-  using Tile = hopper::FwdWsTile<D, L>;
+  using Tile = hopper::FwdWsTile<D, L, hopper::kFwdWsWG<D, kBias, kOnline>>;
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
   hopper::FwdTmaMaps maps;
   // The maps have the head dim p.D (<= D): columns past it load as zeros.
@@ -369,8 +453,8 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;
   }
   const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
-  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L>, grid, Tile::kThreads, Tile::kSmem, stream,
-                          maps, p);
+  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline>, grid, Tile::kThreads,
+                          Tile::kSmem, stream, maps, p);
 }
 
 }  // namespace flashcos::cuda
