@@ -1,6 +1,7 @@
 // fused::embedding (model/fused/embedding.h): the lookup, and the table's gradient from the two
 // kernels against a float64 reference (repeated tokens, odd sizes, tables the kernels do not take),
-// added into an existing .grad or handed to autograd. CPU cases (libtorch's path) run everywhere.
+// added into an existing .grad or handed to autograd, and bit-identical from one backward to the
+// next on the same inputs. CPU cases (libtorch's path) run everywhere.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -88,5 +89,47 @@ INSTANTIATE_TEST_SUITE_P(Cases, FusedEmbeddingCuda,
                                   std::to_string(std::get<2>(info.param)) +
                                   (std::get<3>(info.param) ? "_accumulate" : "_fresh");
                          });
+
+// The same backward twice, on the same inputs: bit-identical gradients (the kernels add in a fixed
+// order), fresh and added into a .grad. Skewed tokens: about 90% of them one byte, the rest uniform.
+class FusedEmbeddingCudaRepeat : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    setenv("FLASHCOS_POISON", "1", 1);
+  }
+  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
+};
+
+TEST_P(FusedEmbeddingCudaRepeat, GradIsBitIdenticalAcrossRuns) {
+  const int64_t N = GetParam(), V = 256, C = 512;
+  at::manual_seed(N + 11);
+  const auto o = at::TensorOptions().device(at::kCUDA);
+  at::Tensor idx = at::randint(0, V, {N}, o.dtype(at::kLong));
+  idx = at::where(at::rand({N}, o) < 0.9, at::full_like(idx, 32), idx);
+  const at::Tensor w0 = at::randn({V, C}, o.dtype(at::kFloat));
+  const at::Tensor preset = at::randn({V, C}, o.dtype(at::kFloat));
+  const at::Tensor dout = at::randn({1, N, C}, o.dtype(at::kFloat));
+  ASSERT_TRUE(fused::embedding_grad_uses_kernel(w0));
+  const at::Tensor want = at::zeros({V, C}, at::kDouble).index_add_(0, idx.cpu(), dout.view({N, C}).to(at::kDouble).cpu());
+  for (const bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "fresh");
+    at::Tensor grads[2];
+    for (at::Tensor& g : grads) {
+      at::Tensor w = w0.clone().requires_grad_(true);
+      if (accumulate) w.mutable_grad() = preset.clone();
+      fused::embedding(idx.view({1, N}), w).backward(dout);
+      ASSERT_TRUE(w.grad().defined());
+      g = w.grad().clone();
+    }
+    EXPECT_TRUE(at::equal(grads[0], grads[1]));
+    const at::Tensor ref = accumulate ? want + preset.to(at::kDouble).cpu() : want;
+    EXPECT_LE(ft::max_abs_diff(grads[0], ref), 1e-5 * (1 + ft::max_abs(ref)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, FusedEmbeddingCudaRepeat, ::testing::Values(int64_t(40000), int64_t(1), int64_t(63),
+                                                                             int64_t(127), int64_t(1000)),
+                         [](const auto& info) { return "n" + std::to_string(info.param); });
 
 }  // namespace

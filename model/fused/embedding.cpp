@@ -53,7 +53,7 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
     p.tokens = ids.numel(), p.rows = V, p.cols = int(C), p.num_sms = current_sm_count();
     p.idx = ids.data_ptr<int64_t>(), p.dx = dx.data_ptr<float>(), p.dw = dw.data_ptr<float>();
     p.accumulate = into_grad;
-    at::Tensor partials = at::empty({flashcos::cuda::embedding_grad_chunks(p), V, C}, dx.options());
+    at::Tensor partials = at::empty({flashcos::cuda::embedding_grad_scratch_floats(p)}, dx.options());
     p.partials = partials.data_ptr<float>();
     C10_CUDA_CHECK(flashcos::cuda::run_embedding_grad(p, at::cuda::getCurrentCUDAStream()));
     return {into_grad ? at::Tensor() : dw, at::Tensor()};
