@@ -30,7 +30,9 @@ int hopper_bwd_key_band(const BwdParams& p, int block_keys) {
     return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : D == 128 ? 16 : 8;
   }();
   const int n_blocks = (p.J + block_keys - 1) / block_keys;
-  if (p.causal) return 1;
+  // A bias: key block slowest too, so that the CTAs running together are one key block's (b, head)s,
+  // which share the bias rows they read and the dbias rows they add to (bwd_hopper_ws_kernel).
+  if (p.causal || p.bias != nullptr) return 1;
   return p.dq_semaphore != nullptr ? std::min(det_band, n_blocks) : n_blocks;
 }
 

@@ -162,7 +162,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int band_w = min(band, n_blocks - band_idx * band);  // the last band may be narrower
   const int n_block = band_idx * band + in_band % band_w;
   const int hb = in_band / band_w;
-  const int hkv = hb % p.Hkv, b = hb / p.Hkv;
+  // kBias with an (H, I, J) bias: batch fastest, so that the CTAs of one (key block, head) run side
+  // by side and their bias loads and dbias reductions meet in L2 (with band 1, launch_bwd_hopper_ws).
+  const bool batch_fastest = kBias && !p.bias_batch_dim;
+  const int hkv = batch_fastest ? hb / p.B : hb % p.Hkv, b = batch_fastest ? hb % p.B : hb / p.Hkv;
   const int group = p.H / p.Hkv;
   const int I = p.I, J = p.J, H = p.H;
   const int diag = J - I;

@@ -118,8 +118,19 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
   uint64_t* bar_empty = bar_full + kStages;
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
-  const int h = blockIdx.y, b = blockIdx.z;
+  // Heaviest causal blocks first. kBias: x = (row block, then the dim the bias is shared over)
+  // (fwd_grid), so that the CTAs running together read the same bias rows (from L2).
+  int m_block, h, b;
+  if constexpr (kBias) {
+    const int share = p.bias_batch_dim ? p.H : p.B, s = int(blockIdx.x % unsigned(share));
+    m_block = int(gridDim.x / unsigned(share)) - 1 - int(blockIdx.x / unsigned(share));
+    h = p.bias_batch_dim ? s : int(blockIdx.y);
+    b = p.bias_batch_dim ? int(blockIdx.y) : s;
+  } else {
+    m_block = gridDim.x - 1 - blockIdx.x;
+    h = blockIdx.y;
+    b = blockIdx.z;
+  }
   const int hkv = h / (p.H / p.Hkv);
   const int I = p.I, J = p.J;
   const int diag = J - I;  // causal: query r sees keys c <= r + diag
@@ -452,7 +463,11 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
       make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
     return cudaErrorNotSupported;
   }
-  const dim3 grid((p.I + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
+  // With a bias (H, I, J) the batches of one (row block, head) run side by side, with a (B, I, J)
+  // one the heads: the bias rows they read are the same (4 bytes a logit, the biased forward's bound).
+  const unsigned m_blocks = unsigned((p.I + Tile::kBM - 1) / Tile::kBM);
+  const dim3 grid = !kBias ? dim3(m_blocks, p.H, p.B)
+                           : p.bias_batch_dim ? dim3(m_blocks * p.H, p.B, 1) : dim3(m_blocks * p.B, p.H, 1);
   return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline>, grid, Tile::kThreads,
                           Tile::kSmem, stream, maps, p);
 }
