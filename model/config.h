@@ -23,7 +23,9 @@ struct ModelConfig {
   double rope_base = 10000.0;
   std::string attention_impl = "plain"; // plain | sdpa | tiled | fused
   // The fused attention backward in its deterministic mode (AttentionOptions::deterministic): bit-identical
-  // gradients from run to run; a run-time choice like attention_impl (weights do not depend on it).
+  // gradients from run to run, and with it the whole training step (the other kernels, the embedding
+  // table's gradient included, sum in a fixed order); a run-time choice like attention_impl (weights do
+  // not depend on it).
   bool deterministic = false;
   // Fastmax (attention == "fastmax"): f(x) = a0 + a1 x (+ a2 x^2 when p = 2), x = q.k / temperature.
   int64_t fastmax_p = 2;
