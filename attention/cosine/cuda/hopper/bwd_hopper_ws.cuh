@@ -26,7 +26,8 @@
 // MMAs keep the tensor cores busy (consumer 1 starts half a step late). dK, dV stay in registers for
 // the whole loop (no atomics for grouped heads).
 //
-// CTA: warpgroup 0 is the producer (setmaxnreg leaves it 24 registers; its warp 0 loads, warps 1
+// CTA: warpgroup 0 is the producer (its code, the tiles and the tensor maps: bwd_producer.cuh;
+// setmaxnreg leaves it 24 registers; its warp 0 loads, warps 1
 // and 2 add the two consumers' dQ, warp 3 exits), warpgroups 1 and 2 the consumers (240 registers each). The producer's
 // warp 0, per step `it` (stage it % kStages):
 //   row stats c_i, D_i: plain loads into registers before it waits for the stage (rows past I get
@@ -55,58 +56,12 @@
 
 #include "attention/cosine/cuda/bwd_kernel.cuh"
 #include "attention/cosine/cuda/dq_semaphore.cuh"
+#include "attention/cosine/cuda/hopper/bwd_producer.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/tma.cuh"
-#include "attention/cosine/cuda/hopper/tma_map.h"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
 
 namespace flashcos::cuda::hopper {
-
-struct BwdTmaMaps {
-  CUtensorMap q, k, v, dout;
-  CUtensorMap dq;  // kTmaDq: the fp32 accumulator, 64-row x 32-column boxes (make_f32_sw128_map)
-};
-
-template <int D, int BM, bool kTmaDq>
-struct BwdWsTile {
-  // Head dims below D run on the same tiles: their operands' columns past p.D load as zeros (TMA),
-  // and nothing past p.D is stored (bwd_hopper_ws_kernel); 16 / 32 on d 64, 80 / 96 on d 128.
-  static_assert(D == 64 || D == 128, "the Hopper backward's tiles have 64 or 128 columns");
-  static_assert(BM == 64 || BM == 128, "64 or 128 query rows per step");
-  static constexpr int kBN = 128;  // keys per CTA, 64 per consumer warpgroup
-  static constexpr int kBM = BM;   // query rows per step
-  static constexpr int kThreads = 384;
-  static constexpr int kStages = kTmaDq ? 2 : 3;  // Q / dO / c_i / D_i stages
-  static constexpr bool kSplitRows = BM == 128;  // dQ: consumer c takes rows 64c.., else columns
-  static constexpr int kNQ = kSplitRows ? D : D / 2;  // dQ columns per consumer
-  static constexpr int kKBytes = kBN * D * 2;
-  static constexpr int kQBytes = kBM * D * 2;
-  // dS^T (keys x rows) as BM / 64 blocks of kBN keys x 128 bytes (64 rows), swizzled.
-  static constexpr int kSBytes = kBN * kBM * 2;
-  // kTmaDq: each consumer's 64 x 64 fp32 part of dQ, as two SW128 boxes of 64 rows x 32 columns.
-  static constexpr int kDqBoxBytes = 64 * 32 * 4;
-  static constexpr int kDqTileBytes = 2 * kDqBoxBytes;
-  static constexpr int kDqBytes = kTmaDq ? 2 * kDqTileBytes : 0;
-  static_assert(!kTmaDq || kNQ == 64, "a consumer's dQ part is 64 columns");
-  static constexpr int kBarriers = 2 * kStages + 9;
-  // Row stats (c_i, D_i) of a stage in shared memory, ordered by the consumer thread that reads them:
-  // rows 8 q + 2 t + h (q < kBM / 8, h < 2) of quad lane t at t kStatStride + 2 q + h, so that each
-  // thread's are contiguous (float4 loads); the 4 floats of padding per t keep those loads free of
-  // bank conflicts.
-  static constexpr int kStatStride = kBM / 4 + 4;
-  static constexpr int kStatSlots = 4 * kStatStride;
-  __host__ __device__ static constexpr int stat_slot(int r) { return ((r % 8) / 2) * kStatStride + 2 * (r / 8) + r % 2; }
-  // The CTA gets 168 registers x 384 threads at launch; setmaxnreg only moves them between the
-  // warpgroups, so 24 + 2 x 240 is the most (with 32 for the producer the consumers' setmaxnreg.inc
-  // waited forever: a hang on the H100). The kTmaDq instances spill a few bytes (loop invariants).
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
-  static constexpr size_t kSmem = size_t(2) * kKBytes + 2 * kStages * size_t(kQBytes) + 2 * size_t(kSBytes) +
-                                  kDqBytes + 2 * kStages * kStatSlots * sizeof(float) + kBarriers * sizeof(uint64_t) +
-                                  kSw128Atom;
-  static_assert(kSmem <= 227 * 1024, "shared memory");
-  static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
-};
 
 template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
@@ -121,7 +76,6 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr int kNQ = Tile::kNQ;
   constexpr int kStages = Tile::kStages;
   constexpr int kConsumerThreads = 256;
-  constexpr int kStatsPerLane = kBM / 32;
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
@@ -197,112 +151,19 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   __syncthreads();
 
   // Step it covers query head step_h(it), rows step_m0(it) ..: heads outer, row blocks inner.
-  auto step_h = [&](int it) { return hkv * group + it / per_head; };
-  auto step_m0 = [&](int it) { return (m_start + it % per_head) * kBM; };
+  const BwdSteps steps{hkv * group, per_head, m_start, kBM};
+  auto step_h = [&](int it) { return steps.h(it); };
+  auto step_m0 = [&](int it) { return steps.m0(it); };
 
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
     // its registers away.
     regs_dealloc<Tile::kProducerRegs>();
     if (kTmaDq && (warp == 1 || warp == 2) && lane == 0) {
-      // dQ: consumer cc's part of step k, added to the accumulator by a TMA reduction once the
-      // consumer stored it; the buffer is handed back once the reduction has read it. One thread
-      // per consumer (with one thread for both, a late tile of one consumer held up the other's,
-      // and the deterministic mode's waits added up).
-      // Deterministic (kDet): a unit's reduction waits until every lower key block counted its own
-      // (dq_semaphore.cuh), and this block counts a unit once its reduction has completed, which
-      // it checks one unit later (bulk_wait<1>) so that the wait overlaps the next unit's.
-      // kDetAhead (the default; FLASHCOS_HOPPER_BWD=ws-det-serial turns it off): the counter is polled
-      // before the consumer's tile is waited for (its latency hides behind their step), and the
-      // count needs no __threadfence (the reduction completed before it, so the next block's adds
-      // come after ours whatever the fences).
-      const int cc = warp - 1;
-      tma_prefetch_map(&maps.dq);
-      int* pending = nullptr;  // kDet: the unit reduced and not yet counted
-      auto count = [&](int*& counter) {
-        if (counter == nullptr) return;
-        fence_proxy_async_global();
-        if constexpr (!kDetAhead) __threadfence();
-        dq_unit_done(counter);
-        counter = nullptr;
-      };
-      const int col0 = kSplitRows ? 0 : 64 * cc;
-      // 32-column boxes of this consumer's dQ part below the head dim (2 unless it is below D).
-      const int boxes = min(2, (p.D - col0 + 31) / 32);
-      for (int k = 0; k < n_iters; ++k) {
-        const int h = step_h(k), m0 = step_m0(k);
-        const int row0 = m0 + (kSplitRows ? 64 * cc : 0);
-        int* counter = nullptr;
-        auto wait_turn = [&] {  // 64-row steps: each column half has its own counter
-          counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0) + (kSplitRows ? 0 : cc);
-          dq_unit_wait(counter, n_block);
-          fence_proxy_async_global();
-        };
-        if constexpr (kDet && kDetAhead) {
-          if (row0 < I) wait_turn();
-        }
-        mbar_wait(bar_dq_full + cc, k & 1);
-        if (row0 < I) {
-          if constexpr (kDet && !kDetAhead) wait_turn();
-#pragma unroll
-          for (int box = 0; box < 2; ++box)
-            if (box < boxes)
-              tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
-                                row0, h, b);
-        }
-        bulk_commit();
-        bulk_wait_read<0>();
-        mbar_arrive(bar_dq_empty + cc);
-        if constexpr (kDet) {
-          bulk_wait<1>();  // every reduction but this one has completed
-          count(pending);
-          pending = counter;
-        }
-      }
-      bulk_wait<0>();
-      if constexpr (kDet) count(pending);
-      return;
-    }
-    if (warp != 0) return;
-    if (lane == 0) {
-      tma_prefetch_map(&maps.q);
-      tma_prefetch_map(&maps.dout);
-      mbar_arrive_expect_tx(bar_kv, 2 * Tile::kKBytes);
-#pragma unroll
-      for (int blk = 0; blk < D / 64; ++blk) {
-        tma_load_4d(sK + blk * kBN * kSw128Row, &maps.k, blk * 64, n0, hkv, b, bar_kv);
-        tma_load_4d(sV + blk * kBN * kSw128Row, &maps.v, blk * 64, n0, hkv, b, bar_kv);
-      }
-    }
-    const float* gRowC = static_cast<const float*>(p.row_offset);
-    const float* gDelta = static_cast<const float*>(p.delta);
-    const float delta_scale = kFoldScale ? p.scale : 1.f;  // D_i as the consumers use it
-    for (int it = 0; it < n_iters; ++it) {
-      const int s = it % kStages, h = step_h(it), m0 = step_m0(it);
-      float rc[kStatsPerLane], rd[kStatsPerLane];
-#pragma unroll
-      for (int i = 0; i < kStatsPerLane; ++i) {
-        const int r = m0 + lane + 32 * i;
-        const int64_t row = (int64_t(b) * H + h) * I + r;
-        rc[i] = r < I ? gRowC[row] : -INFINITY;
-        rd[i] = r < I ? gDelta[row] * delta_scale : 0.f;
-      }
-      if (it >= kStages) mbar_wait(bar_empty + s, ((it / kStages) - 1) & 1);
-#pragma unroll
-      for (int i = 0; i < kStatsPerLane; ++i) {
-        sRowC[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rc[i];
-        sDelta[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rd[i];
-      }
-      if (lane == 0) {
-        mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kQBytes);
-#pragma unroll
-        for (int blk = 0; blk < D / 64; ++blk) {
-          tma_load_4d(sQ + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.q, blk * 64, m0, h, b, bar_full + s);
-          tma_load_4d(sdO + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.dout, blk * 64, m0, h, b, bar_full + s);
-        }
-      } else {
-        mbar_arrive(bar_full + s);
-      }
+      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, n_block, n_iters, steps);
+    } else if (warp == 0) {
+      bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_full, bar_empty, lane, n0, hkv,
+                                    b, n_iters, steps);
     }
     return;
   }
