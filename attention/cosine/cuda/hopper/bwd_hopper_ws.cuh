@@ -150,10 +150,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   }
   __syncthreads();
 
-  // Step it covers query head step_h(it), rows step_m0(it) ..: heads outer, row blocks inner.
+  // Step it covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks inner.
   const BwdSteps steps{hkv * group, per_head, m_start, kBM};
-  auto step_h = [&](int it) { return steps.h(it); };
-  auto step_m0 = [&](int it) { return steps.m0(it); };
 
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
@@ -202,12 +200,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // steps, one counter per column half) of a unit go in after every lower key block's; named barrier 2 + c is the consumer
   // warpgroup's. The count of step it's adds waits until the next flush, when their fence finds
   // them long done.
-  auto unit_rows0 = [&](int it) { return step_m0(it) + (kSplitRows ? c * 64 : 0); };
+  auto unit_rows0 = [&](int it) { return steps.m0(it) + (kSplitRows ? c * 64 : 0); };
   auto count_unit = [&](int it) {
     if (unit_rows0(it) >= I) return;
     __threadfence();
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
-    if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, step_h(it), I, unit_rows0(it)) + (kSplitRows ? 0 : c));
+    if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, steps.h(it), I, unit_rows0(it)) + (kSplitRows ? 0 : c));
   };
   auto hand_off_dq = [&] {
     fence_proxy_async();
@@ -234,7 +232,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       // the last one (hand_off_dq).
       return;
     }
-    const int h = step_h(it), m0 = step_m0(it);
+    const int h = steps.h(it), m0 = steps.m0(it);
     float* gdQ = static_cast<float*>(p.dq_accum) + (int64_t(b) * H + h) * I * p.D;
     const bool ordered = kDet && unit_rows0(it) < I;
     if (kDet && it > 0) count_unit(it - 1);
@@ -292,25 +290,19 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     }
   };
   // The step's first query row, computed a step ahead (its computation stalled the step's start:
-  // ncu, 2.3 % of the consumers' stall samples). Kept by increment, not step_m0's division (its reciprocal and corrections: 25 instructions a step).
+  // ncu, 2.3 % of the consumers' stall samples). Kept by increment, not steps.m0's division (its reciprocal and corrections: 25 instructions a step).
   int m_next = 0;  // (it + 1) % per_head
   int m0_next = m_start * kBM;
-  int h_next = hkv * group;  // kBias: step_h(it + 1), likewise
-  // kBias: the bias and dbias of this thread's first key (n0 + key_local0) in row 0 of head (or
-  // batch) `lead`; step it's rows m0 + rl, keys + 8 e0 are at + rl i_stride + 8 e0 j_stride (dbias:
-  // + rl J + 8 e0; (B, H, I, J) with dbias_per_head, every element added once there).
-  // Keys past J read key J - 1 instead (kbias_off; their P is cleared), rows past I row m0 (their
-  // c_i is -inf), so that the loads need no predicate.
-  const float* gBias0 = nullptr;
-  float* gdBias0 = nullptr;
+  int h_next = hkv * group;  // kBias: steps.h(it + 1), likewise
+  // kBias: step it's bias and dbias rows m0 + rl, keys n0 + key_local0 + 8 e0 (the sm_80 kernel's
+  // indexing: the bias of head or batch `lead`, dbias (lead, I, J), or (B, H, I, J) with
+  // dbias_per_head, where every element is added once). Keys past J read key J - 1 instead
+  // (kbias_off; their P is cleared), rows past I row m0 (their c_i is -inf), so that the loads need
+  // no predicate.
   float inv_ds_scale = 1.f;
   int64_t kbias_off[2] = {0, 0};
   bool key_in[2] = {false, false};
   if constexpr (kBias) {
-    gBias0 = static_cast<const float*>(p.bias) + (p.bias_batch_dim ? b : 0) * p.bias_0_stride +
-             int64_t(n0 + key_local0) * p.bias_j_stride;
-    gdBias0 = static_cast<float*>(p.dbias_accum) + (p.dbias_per_head ? int64_t(b) * H * I * J : 0) +
-              (!p.dbias_per_head && p.bias_batch_dim ? int64_t(b) * I * J : 0) + (n0 + key_local0);
     inv_ds_scale = 1.f / ds_scale;
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
@@ -385,11 +377,15 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // per element it precomputed the 64 compares and spilled.) Masked elements are finite or +inf
     // before they are cleared (keys past J are zero-filled, rows past I have c_i = -inf), so
     // clearing their bits leaves an exact 0 for dV and dS.
-    // kBias: + bias log2e, read for rows below I and keys that are kept (0 elsewhere; those elements
-    // are cleared below or have c_i = -inf).
-    [[maybe_unused]] const float* gBias = nullptr;
+    // kBias: + bias log2e (clamped rows and keys read in-range elements; those elements are cleared
+    // below or have c_i = -inf).
+    [[maybe_unused]] const int lead = p.bias_batch_dim ? b : h;
     [[maybe_unused]] const int rows_left = I - m0;  // rows m0 + rl with rl >= rows_left are past I
-    if constexpr (kBias) gBias = gBias0 + (p.bias_batch_dim ? 0 : int64_t(h) * p.bias_0_stride) + int64_t(m0) * p.bias_i_stride;
+    [[maybe_unused]] const float* gBias = nullptr;
+    if constexpr (kBias) {
+      gBias = static_cast<const float*>(p.bias) + int64_t(lead) * p.bias_0_stride + int64_t(m0) * p.bias_i_stride +
+              int64_t(n0 + key_local0) * p.bias_j_stride;
+    }
     if constexpr (kBias) {
       // Element i = 4 q + 2 e0 + hh: row 8 q + 2 t + hh, key + 8 e0; row pointers walked by 8 rows.
       const int64_t bis = p.bias_i_stride;
@@ -449,8 +445,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if constexpr (kBias) {
       // dbias = dS (without the folded scale), added by fp32 reductions (sm_80's bwd_kernel.cuh does
       // the same); masked elements add their exact 0 only where the key is kept.
-      float* gdBias = gdBias0 + (p.dbias_per_head ? int64_t(h) * I * J : p.bias_batch_dim ? 0 : int64_t(h) * I * J) +
-                      int64_t(m0) * J;
+      const int64_t slice = p.dbias_per_head ? int64_t(b) * H + h : lead;
+      float* gdBias = static_cast<float*>(p.dbias_accum) + (slice * I + m0) * J + n0 + key_local0;
       float* rowp = gdBias + int64_t(2 * t) * J;
 #pragma unroll
       for (int q = 0; q < kBM / 8; ++q) {
