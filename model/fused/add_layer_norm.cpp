@@ -139,22 +139,17 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       if (separate_dr) dr = at::empty({N, C}, s.options().dtype(r_dtype));
       // Parameter gradients straight into their .grad where that is what autograd would do.
       // needs_input_grad counts the tensor inputs present: x, (r, (r_bias,)) gamma, beta.
-      auto into_grad = [&](const char* name, size_t edge) {
-        return ctx->needs_input_grad(edge) && grad_accumulates_here(ctx->saved_data[name].toTensor());
+      auto out = [&](const char* name, size_t edge, at::ScalarType dtype) {
+        return param_grad_out(ctx->saved_data[name].toTensor(), ctx->needs_input_grad(edge),
+                              [&] { return at::empty({C}, gamma.options().dtype(dtype)); });
       };
       const size_t gamma_edge = 1 + (has_r ? 1 : 0) + (has_bias ? 1 : 0);
-      const bool gamma_in = into_grad("gamma", gamma_edge), beta_in = into_grad("beta", gamma_edge + 1);
-      const bool bias_in = has_bias && into_grad("r_bias", 2);
-      dgamma = gamma_in ? ctx->saved_data["gamma"].toTensor().grad() : at::empty({C}, gamma.options());
-      dbeta = beta_in ? ctx->saved_data["beta"].toTensor().grad() : at::empty({C}, gamma.options().dtype(beta_dtype));
-      if (has_bias) {
-        dbias = bias_in ? ctx->saved_data["r_bias"].toTensor().grad() : at::empty({C}, gamma.options().dtype(bias_dtype));
-      }
+      const ParamGradOut gamma_out = out("gamma", gamma_edge, gamma.scalar_type());
+      const ParamGradOut beta_out = out("beta", gamma_edge + 1, beta_dtype);
+      const ParamGradOut bias_out = has_bias ? out("r_bias", 2, bias_dtype) : ParamGradOut{};
+      dgamma = gamma_out.dst, dbeta = beta_out.dst, dbias = bias_out.dst;
       flashcos::detail::poison_if_requested(dx);
       if (separate_dr) flashcos::detail::poison_if_requested(dr);
-      if (!gamma_in) flashcos::detail::poison_if_requested(dgamma);
-      if (!beta_in) flashcos::detail::poison_if_requested(dbeta);
-      if (has_bias && !bias_in) flashcos::detail::poison_if_requested(dbias);
       fc::AddLayerNormParams p;
       p.rows = N, p.width = int(C), p.num_sms = current_sm_count();
       p.x = s.data_ptr(), p.x_dtype = to_dtype(x_dtype);  // read only where there is no r: then s is x
@@ -181,12 +176,11 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
       at::Tensor partials = at::empty({blocks, nq, C}, s.options().dtype(at::kFloat));
       p.partials = partials.data_ptr<float>();
       p.dgamma = dgamma.data_ptr(), p.dbeta = dbeta.data_ptr();
-      p.accumulate_dgamma = gamma_in, p.accumulate_dbeta = beta_in, p.accumulate_dr_bias = bias_in;
+      p.accumulate_dgamma = gamma_out.into_grad, p.accumulate_dbeta = beta_out.into_grad;
+      p.accumulate_dr_bias = bias_out.into_grad;
       C10_CUDA_CHECK(fc::run_add_layer_norm_bwd(p, at::cuda::getCurrentCUDAStream()));
       // Added already: nothing for autograd to add.
-      if (gamma_in) dgamma = at::Tensor();
-      if (beta_in) dbeta = at::Tensor();
-      if (bias_in) dbias = at::Tensor();
+      dgamma = gamma_out.for_autograd(), dbeta = beta_out.for_autograd(), dbias = bias_out.for_autograd();
       if (has_r && !separate_dr) dr = dx;
 #endif
     } else {

@@ -78,10 +78,9 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       dy = at::empty({N, F}, y.options());
       // db straight into b's .grad where that is what autograd would do (grad_accumulate.h).
       const at::Tensor b_param = ctx->saved_data["b"].toTensor();
-      const bool into_grad = ctx->needs_input_grad(1) && grad_accumulates_here(b_param);
-      db = into_grad ? b_param.grad() : at::empty({F}, b.options());
+      const ParamGradOut db_out =
+          param_grad_out(b_param, ctx->needs_input_grad(1), [&] { return at::empty({F}, b.options()); });
       flashcos::detail::poison_if_requested(dy);
-      if (!into_grad) flashcos::detail::poison_if_requested(db);
       fc::BiasGeluParams p;
       p.rows = N, p.width = int(F), p.num_sms = current_sm_count();
       p.y = y.data_ptr(), p.dtype = to_dtype(y.scalar_type());
@@ -90,10 +89,10 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
       p.dy = dy.data_ptr();
       at::Tensor partials = at::empty({fc::bias_gelu_backward_row_blocks(p), F}, y.options().dtype(at::kFloat));
       p.partials = partials.data_ptr<float>();
-      p.db = db.data_ptr();
-      p.accumulate_db = into_grad;
+      p.db = db_out.dst.data_ptr();
+      p.accumulate_db = db_out.into_grad;
       C10_CUDA_CHECK(fc::run_bias_gelu_bwd(p, at::cuda::getCurrentCUDAStream()));
-      if (into_grad) db = at::Tensor();  // added already: nothing for autograd to add
+      db = db_out.for_autograd();
 #endif
     } else {
       const auto ct = op_compute_type({y.scalar_type(), b.scalar_type()});

@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "attention/common/poison.h"
 #include "model/device.h"
 #include "model/fused/grad_accumulate.h"
 
@@ -46,17 +45,15 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
     const c10::cuda::CUDAGuard guard(weight.device());
     const at::Tensor dx = grads[0].reshape({-1, C}).contiguous();
     const at::Tensor ids = idx.reshape({-1}).to(at::kLong).contiguous();
-    const bool into_grad = grad_accumulates_here(weight);  // .grad defined, plain backward, no hooks
-    at::Tensor dw = into_grad ? weight.grad() : at::empty({V, C}, weight.options());
-    if (!into_grad) flashcos::detail::poison_if_requested(dw);
+    const ParamGradOut dw = param_grad_out(weight, true, [&] { return at::empty({V, C}, weight.options()); });
     flashcos::cuda::EmbeddingGradParams p;
     p.tokens = ids.numel(), p.rows = V, p.cols = int(C), p.num_sms = current_sm_count();
-    p.idx = ids.data_ptr<int64_t>(), p.dx = dx.data_ptr<float>(), p.dw = dw.data_ptr<float>();
-    p.accumulate = into_grad;
+    p.idx = ids.data_ptr<int64_t>(), p.dx = dx.data_ptr<float>(), p.dw = dw.dst.data_ptr<float>();
+    p.accumulate = dw.into_grad;
     at::Tensor partials = at::empty({flashcos::cuda::embedding_grad_scratch_floats(p)}, dx.options());
     p.partials = partials.data_ptr<float>();
     C10_CUDA_CHECK(flashcos::cuda::run_embedding_grad(p, at::cuda::getCurrentCUDAStream()));
-    return {into_grad ? at::Tensor() : dw, at::Tensor()};
+    return {dw.for_autograd(), at::Tensor()};
 #else
     return {at::embedding_dense_backward(grads[0], idx, V, -1, false), at::Tensor()};
 #endif

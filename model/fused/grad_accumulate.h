@@ -12,9 +12,29 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
+#include "attention/common/poison.h"
+
 namespace flashcos::model::fused {
 
 // `allow_undefined`: also true where .grad is undefined (the caller then sets it).
 bool grad_accumulates_here(const at::Tensor& param, bool allow_undefined = false);
+
+// Where a kernel writes a parameter's gradient: into the parameter's .grad (`into_grad`: the kernel
+// adds) where the gradient is `needed` and grad_accumulates_here, else into `fresh()` (poisoned
+// under FLASHCOS_POISON), which autograd then takes: for_autograd() is what the backward returns.
+struct ParamGradOut {
+  at::Tensor dst;
+  bool into_grad = false;
+  at::Tensor for_autograd() const { return into_grad ? at::Tensor() : dst; }
+};
+template <typename Fresh>
+ParamGradOut param_grad_out(const at::Tensor& param, bool needed, Fresh&& fresh) {
+  if (needed && grad_accumulates_here(param)) return {param.grad(), true};
+  at::Tensor t = std::forward<Fresh>(fresh)();
+  flashcos::detail::poison_if_requested(t);
+  return {t, false};
+}
 
 }  // namespace flashcos::model::fused

@@ -26,13 +26,16 @@ std::atomic<int64_t> g_hopper_fwd_launches{0}, g_hopper_bwd_launches{0};
 
 bool is_16bit(DType dtype) { return dtype == DType::kHalf || dtype == DType::kBFloat16; }
 
+// An on / off switch in the environment: on unless the variable's value starts with '0'.
+bool env_switch_on(const char* name) {
+  const char* env = std::getenv(name);
+  return env == nullptr || env[0] != '0';
+}
+
 // FLASHCOS_HOPPER=0 turns the Hopper family off (read once per process): for comparisons and for
 // running the sm_80 kernels' tests on a Hopper machine.
 bool hopper_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER");
-    return env == nullptr || env[0] != '0';
-  }();
+  static const bool enabled = env_switch_on("FLASHCOS_HOPPER");
   return enabled;
 }
 
@@ -59,10 +62,7 @@ bool hopper_usable(const CommonParams& p) {
 // FLASHCOS_HOPPER_BWD_BIAS=0 (read once) sends the backward with an attention bias to the sm_80
 // kernels (which read the same saved l), for comparisons.
 bool hopper_bwd_bias_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_BWD_BIAS");
-    return env == nullptr || env[0] != '0';
-  }();
+  static const bool enabled = env_switch_on("FLASHCOS_HOPPER_BWD_BIAS");
   return enabled;
 }
 
