@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
             rS[i] = pe;
             rLt[(i / 2) % 2] += pe;
           }
-        } else {
+        } else {  // the measured default's form (the one above compiles the plain kernel differently)
           const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
           rS[i] = pe;
           rLt[(i / 2) % 2] += pe;
