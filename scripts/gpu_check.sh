@@ -29,7 +29,7 @@
 # determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
 # coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
 # (--mask-prob 0.1), a head bias with its gradient (--bias head), bf16 n 8192 causal.
-# quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, det, det2, unfused-det, seed, cosine, learned, fp16,
+# quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, unfused2, det, det2, unfused-det, seed, cosine, learned, fp16,
 # bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint (2048-raw: from the corpus unpacked, as data/enwik8 is).
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
 # unfused-8192 fused-1024 ddp1-8192; nograph-8192 / nograph-1024: fused with --cuda-graph off).
@@ -182,6 +182,7 @@ if has quality; then
     case $q in
       default) quality_run default ;;
       unfused) FLASHCOS_FUSED_OPS=0 quality_run unfused ;;  # the default with the composite libtorch ops
+      unfused2) FLASHCOS_FUSED_OPS=0 quality_run unfused2 ;;  # ... again: the run-to-run spread of one program
       det) quality_run det --deterministic ;;  # bit-repeatable runs: the fused step, ...
       det2) quality_run det2 --deterministic ;;  # ... the same again (must match det exactly), ...
       unfused-det) FLASHCOS_FUSED_OPS=0 quality_run unfused-det --deterministic ;;  # ... the composite ops

@@ -87,6 +87,9 @@ INSTANTIATE_TEST_SUITE_P(Gpu, DeterministicBackward, ::testing::Values(
   DetCase{"hopper_bf16_d128_full",      at::kBFloat16, 2, 2, 2, 63, 2049, 128},
   // I = 1040: the last 64-row unit has 16 rows, its second column half's counter the head's spare.
   DetCase{"hopper_bf16_d128_full_1040", at::kBFloat16, 2, 3, 3, 1040, 2049, 128},
+  // Bands of 8 (d64) / 16 (d128) key blocks in the rotated order, 32 / 94 units per block.
+  DetCase{"hopper_bf16_d64_full_4096",  at::kBFloat16, 1, 2, 2, 4096, 4096, 64},
+  DetCase{"hopper_fp16_d128_gqa_3000",  at::kHalf,     1, 4, 2, 3000, 3000, 128},
   DetCase{"hopper_bf16_d96_causal",     at::kBFloat16, 1, 4, 2, 2049, 2049, 96, true},
   DetCase{"hopper_fp16_d32_mask",       at::kHalf,     2, 2, 2, 1000, 2049, 32, false, true},
   DetCase{"sm80_bf16_d96_mask_bias",    at::kBFloat16, 2, 2, 2, 1000, 2049, 96, true, true, true},

@@ -87,6 +87,10 @@ struct BwdParams : CommonParams {
   // The Hopper backward's CTA order (bwd_hopper_ws.cuh): key blocks in bands of this many, the
   // bands slowest, then (b, kv head), then the key block in its band. Set by its launcher.
   int key_band = 1;
+  // Deterministic, Hopper: each band's key blocks start at spread-out query units and add into a
+  // unit in the order they reach it (hopper::DqTurns), instead of in key-block order. Set by its
+  // launcher.
+  bool det_rotate = false;
 };
 
 // Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the

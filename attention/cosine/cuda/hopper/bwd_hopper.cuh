@@ -16,18 +16,30 @@
 
 namespace flashcos::cuda {
 
+// The deterministic backward's rotated order (hopper::DqTurns), on unless FLASHCOS_HOPPER_DET_ROTATE=0
+// (read once): key-block order, as before 2026-11-26 night, for comparison.
+inline bool hopper_det_rotate() {
+  static const bool on = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_DET_ROTATE");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+
 // The backward's CTA order (BwdParams::key_band): causal 1 (key block slowest), not causal every key
-// block (fastest), deterministic and not causal bands of 8 key blocks (d 64 tiles) or 16 (d 128),
-// or FLASHCOS_HOPPER_DET_BAND (read once). H100 bf16 b4 h8 n 8192, deterministic backward ms by
-// band 1 / 4 / 8 / 16 / 32 / 64, d64: 3.13 / 3.22 / 3.07 / 3.31 / 3.62 / 4.25, d128: 8.94 / 6.25 /
-// 5.85 / 5.78 / 5.93 / 6.41, against 2.69-2.83 and 5.21-5.27 not deterministic (run D6 of
-// 2026-11-26): with band 1 the CTAs running together read 32 heads' Q / dO (d128: 128 MiB, past L2);
-// wide bands make the chain of key blocks that add into one dQ unit in turn long.
+// block (fastest); deterministic and not causal, bands of 64 key blocks in the rotated order (the
+// launcher keeps a band within the SMs), 8 (d 64 tiles) / 16 (d 128) in key-block order, or
+// FLASHCOS_HOPPER_DET_BAND (read once). H100 bf16 b4 h8 n 8192 (64 key blocks), deterministic
+// backward ms (run F2 of 2026-11-26 night): rotated, bands 8 / 16 / 32 / 64: d64 4.71 / 2.94-2.99 /
+// 2.79-2.84 / 2.85-2.87, d128 8.11 (16) / 5.58 (32) / 5.48-5.50 (64); key-block order with 8 / 16:
+// 3.07-3.11 and 5.95-5.96; not deterministic 2.47-2.65 and 4.84-4.93. Narrow rotated bands read
+// many heads' Q / dO at once, spread over each head (16 heads' 2 or 4 MiB at band 8 / 16: past
+// what L2 holds); in key-block order the block r of a band waits r steps before its first add.
 template <int D>
 int hopper_bwd_key_band(const BwdParams& p, int block_keys) {
   static const int det_band = [] {
     const char* env = std::getenv("FLASHCOS_HOPPER_DET_BAND");
-    return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : D == 128 ? 16 : 8;
+    return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : hopper_det_rotate() ? 64 : D == 128 ? 16 : 8;
   }();
   const int n_blocks = (p.J + block_keys - 1) / block_keys;
   // A bias: key block slowest too, so that the CTAs running together are one key block's (b, head)s,
@@ -65,6 +77,17 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     BwdParams banded = p;
     banded.key_band = hopper_bwd_key_band<D>(p, Tile::kBN);
+    if (p.dq_semaphore != nullptr && banded.key_band > 1) {
+      // The rotated order (hopper::DqTurns) needs a band's CTAs resident together: one CTA per SM.
+      banded.det_rotate = hopper_det_rotate();
+      if (banded.det_rotate) {
+        int device = 0, sms = 0;
+        cudaError_t attr = cudaGetDevice(&device);
+        if (attr == cudaSuccess) attr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (attr != cudaSuccess) return attr;
+        banded.key_band = std::min(banded.key_band, std::max(1, sms));
+      }
+    }
     const bool det = p.dq_semaphore != nullptr;
     auto kernel = p.bias != nullptr ? (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>)

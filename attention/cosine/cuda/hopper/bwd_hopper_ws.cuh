@@ -46,9 +46,10 @@
 //   ds_full[b]   the 256 consumer threads stored step it's dS^T into buffer b = it % 2
 //   ds_empty[b]  the 8 consumer warps whose dQ(it) MMA read it (it is rewritten in step it + 2)
 //   dq_full[c] / dq_empty[c]   kTmaDq: consumer c stored its dQ part / the reduction has read it
-// Deterministic mode (kDet, dq_semaphore.cuh): with kTmaDq the producer's dQ warp keeps the
-// key-block order of the adds (it waits on the unit's counter before the reduction and counts the
-// unit once the reduction has completed); without it the consumers order their atomics.
+// Deterministic mode (kDet, dq_semaphore.cuh): with kTmaDq the producer's dQ warp keeps a fixed
+// order of the adds into each dQ unit (DqTurns: key-block order, or rotated inside a band; it waits
+// on the unit's counter before the reduction and counts the unit once the reduction has completed);
+// without it the consumers order their atomics.
 // Timings of every version: docs/kernels.md, "Hopper family".
 #pragma once
 
@@ -150,15 +151,17 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   }
   __syncthreads();
 
-  // Step it covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks inner.
-  const BwdSteps steps{hkv * group, per_head, m_start, kBM};
+  // Step it covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks inner,
+  // from unit turns.rot() in the rotated deterministic order (DqTurns; p.det_rotate, not causal).
+  const DqTurns turns{band_idx * band, n_block - band_idx * band, kDet && p.det_rotate ? band_w : 1, n_iters};
+  const BwdSteps steps{hkv * group, per_head, m_start, kBM, kDet ? turns.rot() : 0, n_iters};
 
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
     // its registers away.
     regs_dealloc<Tile::kProducerRegs>();
     if (kTmaDq && (warp == 1 || warp == 2) && lane == 0) {
-      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, n_block, n_iters, steps);
+      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, turns, n_iters, steps);
     } else if (warp == 0) {
       bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_full, bar_empty, lane, n0, hkv,
                                     b, n_iters, steps);
@@ -238,7 +241,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (kDet && it > 0) count_unit(it - 1);
     if (ordered) {
       if (tid % 128 == 0)
-        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, unit_rows0(it)) + (kSplitRows ? 0 : c), n_block);
+        dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, unit_rows0(it)) + (kSplitRows ? 0 : c),
+                     turns.target(steps.unit(it)));
       asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
     }
 #pragma unroll
@@ -291,9 +295,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   };
   // The step's first query row, computed a step ahead (its computation stalled the step's start:
   // ncu, 2.3 % of the consumers' stall samples). Kept by increment, not steps.m0's division (its reciprocal and corrections: 25 instructions a step).
-  int m_next = 0;  // (it + 1) % per_head
-  int m0_next = m_start * kBM;
-  int h_next = hkv * group;  // kBias: steps.h(it + 1), likewise
+  // (rot > 0 only where per_head > 0)
+  int m_next = steps.rot == 0 ? 0 : steps.rot % per_head;  // steps.unit(it + 1) % per_head
+  int m0_next = (m_start + m_next) * kBM;
+  int h_next = hkv * group + (steps.rot == 0 ? 0 : steps.rot / per_head);  // kBias: steps.h(it + 1), likewise
   // kBias: step it's bias and dbias rows m0 + rl, keys n0 + key_local0 + 8 e0 (the sm_80 kernel's
   // indexing: the bias of head or batch `lead`, dbias (lead, I, J), or (B, H, I, J) with
   // dbias_per_head, where every element is added once). Keys past J read key J - 1 instead
@@ -354,7 +359,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     if (++m_next == per_head) {  // while S^T / dP^T run
       m_next = 0;
-      ++h_next;
+      if (++h_next == hkv * group + group) h_next = hkv * group;  // the rotated order goes round
     }
     m0_next = (m_start + m_next) * kBM;
     // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's

@@ -64,28 +64,57 @@ struct BwdWsTile {
   static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
 };
 
-// Which query head and rows step `it` of a CTA covers: the kv head's query heads outer, row blocks
-// of kBM inner, from row block m_start (causal: the first with a key of this block).
+// Which query head and rows step `it` of a CTA covers: unit (it + rot) % n of the kv head's n units,
+// query heads outer, row blocks of kBM inner, from row block m_start (causal: the first with a key of
+// this block). rot is 0 but in the rotated deterministic order (DqTurns).
 struct BwdSteps {
-  int head0, per_head, m_start, bm;
-  __device__ __forceinline__ int h(int it) const { return head0 + it / per_head; }
-  __device__ __forceinline__ int m0(int it) const { return (m_start + it % per_head) * bm; }
+  int head0, per_head, m_start, bm, rot, n;
+  __device__ __forceinline__ int unit(int it) const {
+    if (rot == 0) return it;
+    const int x = it + rot;
+    return x >= n ? x - n : x;
+  }
+  __device__ __forceinline__ int h(int it) const { return head0 + unit(it) / per_head; }
+  __device__ __forceinline__ int m0(int it) const { return (m_start + unit(it) % per_head) * bm; }
+};
+
+// Deterministic mode: the turn of this CTA (key block) in the fixed order of the adds into each dQ
+// unit (dq_semaphore.cuh), as the count of adds it waits for. Every key block of the earlier bands
+// comes first (`first` of them). Inside a band of w key blocks (w > 1: not causal, no bias), block r
+// starts at unit rot(r) = floor(r n / w) of the n units and goes round (BwdSteps), and each unit
+// takes the band's blocks in the order they reach it running side by side: the block that started
+// last at or before unit x (r0 = the largest r with rot(r) <= x), then r0 - 1, .., 0, w - 1, ..,
+// r0 + 1. So no block waits for a turn while the band runs at one pace; in key-block order (the
+// sm_80 kernel's, and w = 1 here) block r of a band starting together waited r steps before its
+// first add. The order follows each block's own step order, so the waits have no cycle provided a
+// block counts each add before it waits for its next turn and the band's blocks are resident
+// together (the launcher keeps a band within the SMs).
+struct DqTurns {
+  int first, r, w, n;
+  __device__ __forceinline__ int rot() const { return w > 1 ? int(int64_t(r) * n / w) : 0; }
+  __device__ __forceinline__ int target(int x) const {
+    if (w <= 1) return first + r;
+    const int r0 = min(w - 1, int((int64_t(x + 1) * w + n - 1) / n) - 1);
+    return first + (r0 - r + w) % w;
+  }
 };
 
 // Warp 1 + cc's lane 0 (kTmaDq): consumer cc's dQ part of each step into the accumulator.
 template <typename Tile, bool kDet, bool kDetAhead>
 __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdParams& p, unsigned char* sdQ,
                                               uint64_t* bar_dq_full, uint64_t* bar_dq_empty, int cc, int b,
-                                              int n_block, int n_iters, const BwdSteps& steps) {
+                                              const DqTurns& turns, int n_iters, const BwdSteps& steps) {
   constexpr bool kSplitRows = Tile::kSplitRows;
   const int I = p.I, H = p.H;
   // dQ: consumer cc's part of step k, added to the accumulator by a TMA reduction once the
   // consumer stored it; the buffer is handed back once the reduction has read it. One thread
   // per consumer (with one thread for both, a late tile of one consumer held up the other's,
   // and the deterministic mode's waits added up).
-  // Deterministic (kDet): a unit's reduction waits until every lower key block counted its own
-  // (dq_semaphore.cuh), and this block counts a unit once its reduction has completed, which
-  // it checks one unit later (bulk_wait<1>) so that the wait overlaps the next unit's.
+  // Deterministic (kDet): a unit's reduction waits for this block's turn (DqTurns), and this block
+  // counts a unit once its reduction has completed. In key-block order (turns.w 1) it checks that
+  // one unit later (bulk_wait<1>), so that the wait overlaps the next unit's; in the rotated order
+  // it counts before it waits for its next turn (DqTurns: else two blocks could each hold the count
+  // the other waits for).
   // kDetAhead (the default; FLASHCOS_HOPPER_BWD=ws-det-serial turns it off): the counter is polled
   // before the consumer's tile is waited for (its latency hides behind their step), and the
   // count needs no __threadfence (the reduction completed before it, so the next block's adds
@@ -108,9 +137,13 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
     int* counter = nullptr;
     auto wait_turn = [&] {  // 64-row steps: each column half has its own counter
       counter = dq_unit_counter(p.dq_semaphore, b, H, h, I, row0) + (kSplitRows ? 0 : cc);
-      dq_unit_wait(counter, n_block);
+      dq_unit_wait(counter, turns.target(steps.unit(k)));
       fence_proxy_async_global();
     };
+    if (kDet && turns.w > 1 && pending != nullptr) {
+      bulk_wait<0>();
+      count(pending);
+    }
     if constexpr (kDet && kDetAhead) {
       if (row0 < I) wait_turn();
     }
