@@ -90,6 +90,10 @@ INSTANTIATE_TEST_SUITE_P(Gpu, DeterministicBackward, ::testing::Values(
   // Bands of 8 (d64) / 16 (d128) key blocks in the rotated order, 32 / 94 units per block.
   DetCase{"hopper_bf16_d64_full_4096",  at::kBFloat16, 1, 2, 2, 4096, 4096, 64},
   DetCase{"hopper_fp16_d128_gqa_3000",  at::kHalf,     1, 4, 2, 3000, 3000, 128},
+  // Causal in head groups, descending key-block order: keys past the rows (J > I), and rows with
+  // no key (I > J).
+  DetCase{"hopper_bf16_d128_causal_gqa_j_gt_i", at::kBFloat16, 1, 4, 2, 1000, 2300, 128, true},
+  DetCase{"hopper_fp16_d64_causal_i_gt_j",      at::kHalf,     2, 2, 2, 1000, 700, 64, true},
   DetCase{"hopper_bf16_d96_causal",     at::kBFloat16, 1, 4, 2, 2049, 2049, 96, true},
   DetCase{"hopper_fp16_d32_mask",       at::kHalf,     2, 2, 2, 1000, 2049, 32, false, true},
   DetCase{"sm80_bf16_d96_mask_bias",    at::kBFloat16, 2, 2, 2, 1000, 2049, 96, true, true, true},

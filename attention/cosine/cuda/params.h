@@ -91,6 +91,10 @@ struct BwdParams : CommonParams {
   // unit in the order they reach it (hopper::DqTurns), instead of in key-block order. Set by its
   // launcher.
   bool det_rotate = false;
+  // The Hopper backward, causal: CTAs in groups of this many (b, kv head)s (hopper::bwd_cta), or 0;
+  // deterministic, each block's steps backwards (hopper::DqTurns). Set by its launcher.
+  int head_group = 0;
+  bool det_reverse = false;
 };
 
 // Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the

@@ -16,8 +16,9 @@
 
 namespace flashcos::cuda {
 
-// The deterministic backward's rotated order (hopper::DqTurns), on unless FLASHCOS_HOPPER_DET_ROTATE=0
-// (read once): key-block order, as before 2026-11-26 night, for comparison.
+// The deterministic backward's rotated order (not causal) and head groups with backward steps
+// (causal; hopper::DqTurns), on unless FLASHCOS_HOPPER_DET_ROTATE=0 (read once): key-block order
+// over every head, as before 2026-11-26 night, for comparison.
 inline bool hopper_det_rotate() {
   static const bool on = [] {
     const char* env = std::getenv("FLASHCOS_HOPPER_DET_ROTATE");
@@ -46,6 +47,20 @@ int hopper_bwd_key_band(const BwdParams& p, int block_keys) {
   // which share the bias rows they read and the dbias rows they add to (bwd_hopper_ws_kernel).
   if (p.causal || p.bias != nullptr) return 1;
   return p.dq_semaphore != nullptr ? std::min(det_band, n_blocks) : n_blocks;
+}
+
+// The causal backward's (b, kv head) groups (hopper::bwd_cta): FLASHCOS_HOPPER_CAUSAL_GROUP (read
+// once; 0: key block slowest over every head, the order before 2026-11-26 night), else 2. H100 bf16
+// b4 h8, causal backward TFLOP/s by group 0 / 1 / 2 / 4 / 8 (run F3, two rounds), n 8192 d64:
+// 479-478 / 493-491 / 509-508 / 508-502 / 510-508, d128: 490-491 / 531-552 / 544-542 / 538-542 /
+// 516-535; n 16384 d64: 460-449 / 520-519 / 516-510 / 515-517 / 505-511, d128: 515-511 / 582-580 /
+// 580-580 / 577-574 / 565-567.
+inline int hopper_bwd_head_group() {
+  static const int group = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_CAUSAL_GROUP");
+    return env != nullptr && std::atoi(env) >= 0 ? std::atoi(env) : 2;
+  }();
+  return group;
 }
 
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
@@ -77,18 +92,26 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     BwdParams banded = p;
     banded.key_band = hopper_bwd_key_band<D>(p, Tile::kBN);
-    if (p.dq_semaphore != nullptr && banded.key_band > 1) {
-      // The rotated order (hopper::DqTurns) needs a band's CTAs resident together: one CTA per SM.
-      banded.det_rotate = hopper_det_rotate();
-      if (banded.det_rotate) {
-        int device = 0, sms = 0;
-        cudaError_t attr = cudaGetDevice(&device);
-        if (attr == cudaSuccess) attr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        if (attr != cudaSuccess) return attr;
-        banded.key_band = std::min(banded.key_band, std::max(1, sms));
-      }
-    }
     const bool det = p.dq_semaphore != nullptr;
+    // Deterministic and causal, head groups with each block's steps backwards at d 128 only: at d 64
+    // (one row block per key block) a block trails the one below it by the time an add takes to be
+    // counted, about half a step, idle; key-block order over every head does better there (H100
+    // bf16 b4 h8 causal backward ms, runs F4 / F6, d64 n 8192 / 16384: 1.62 / 6.27 against 1.89 /
+    // 6.47 backwards; d128: 3.32 / 12.57 against 3.08-3.13 / 11.40-11.44; not deterministic d64
+    // 1.34 / 5.31-5.40, d128 2.53-2.54 / 9.41).
+    if (p.causal && p.bias == nullptr && hopper_bwd_head_group() > 0 && (!det || (D == 128 && hopper_det_rotate()))) {
+      banded.head_group = hopper_bwd_head_group();
+      banded.det_reverse = det;
+    }
+    if (det && banded.key_band > 1 && hopper_det_rotate()) {
+      // The rotated order (hopper::DqTurns) needs a band's CTAs resident together: one CTA per SM.
+      int device = 0, sms = 0;
+      cudaError_t attr = cudaGetDevice(&device);
+      if (attr == cudaSuccess) attr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      if (attr != cudaSuccess) return attr;
+      banded.det_rotate = true;
+      banded.key_band = std::min(banded.key_band, std::max(1, sms));
+    }
     auto kernel = p.bias != nullptr ? (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>)
                                     : (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>

@@ -104,19 +104,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // wgmma descriptors built from them in uniform registers.
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0);
-  // Linear grid in bands of p.key_band key blocks (launch_bwd_hopper_ws picks it): band slowest,
-  // then (b, kv head), then the key block inside the band. Band 1 (causal: key block slowest) puts
-  // every (b, kv head)'s block 0, the one with the most query rows, first instead of the last
-  // (b, head)'s long CTAs trailing the others. A band of every key block (not causal: key block
-  // fastest) lets the CTAs running together share one (b, head)'s Q / dO in L2. Deterministic, not
-  // causal: a band in between, so that the CTAs running together share a few heads' Q / dO and the
-  // chain of key blocks that add into one dQ unit in turn stays a band long.
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
-  const int band = p.key_band, band_ctas = band * heads_batches;
-  const int band_idx = int(blockIdx.x / unsigned(band_ctas)), in_band = int(blockIdx.x % unsigned(band_ctas));
-  const int band_w = min(band, n_blocks - band_idx * band);  // the last band may be narrower
-  const int n_block = band_idx * band + in_band % band_w;
-  const int hb = in_band / band_w;
+  const BwdCta cta = bwd_cta(p, n_blocks, heads_batches);
+  const int n_block = cta.n_block, hb = cta.hb;
   // kBias with an (H, I, J) bias: batch fastest, so that the CTAs of one (key block, head) run side
   // by side and their bias loads and dbias reductions meet in L2 (with band 1, launch_bwd_hopper_ws).
   const bool batch_fastest = kBias && !p.bias_batch_dim;
@@ -153,8 +143,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 
   // Step it covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks inner,
   // from unit turns.rot() in the rotated deterministic order (DqTurns; p.det_rotate, not causal).
-  const DqTurns turns{band_idx * band, n_block - band_idx * band, kDet && p.det_rotate ? band_w : 1, n_iters};
-  const BwdSteps steps{hkv * group, per_head, m_start, kBM, kDet ? turns.rot() : 0, n_iters};
+  const DqTurns turns{cta.band_first, n_block - cta.band_first, kDet && p.det_rotate ? cta.band_w : 1, n_iters};
+  const BwdSteps steps{hkv * group, per_head, m_start, kBM, kDet ? turns.rot() : 0, n_iters, kDet && p.det_reverse};
 
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
@@ -242,7 +232,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (ordered) {
       if (tid % 128 == 0)
         dq_unit_wait(dq_unit_counter(p.dq_semaphore, b, H, h, I, unit_rows0(it)) + (kSplitRows ? 0 : c),
-                     turns.target(steps.unit(it)));
+                     turns.target(steps, it));
       asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
     }
 #pragma unroll
@@ -295,10 +285,14 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   };
   // The step's first query row, computed a step ahead (its computation stalled the step's start:
   // ncu, 2.3 % of the consumers' stall samples). Kept by increment, not steps.m0's division (its reciprocal and corrections: 25 instructions a step).
-  // (rot > 0 only where per_head > 0)
-  int m_next = steps.rot == 0 ? 0 : steps.rot % per_head;  // steps.unit(it + 1) % per_head
+  // (steps.unit(0) > 0 only where per_head > 0)
+  const int unit0 = steps.unit(0);
+  int m_next = unit0 == 0 ? 0 : unit0 % per_head;  // steps.unit(it + 1) % per_head
   int m0_next = (m_start + m_next) * kBM;
-  int h_next = hkv * group + (steps.rot == 0 ? 0 : steps.rot / per_head);  // kBias: steps.h(it + 1), likewise
+  int h_next = hkv * group + (unit0 == 0 ? 0 : unit0 / per_head);  // kBias: steps.h(it + 1), likewise
+  // Backwards (steps.rev) the row block and head step down (constants but in the deterministic mode).
+  const bool rev = kDet && steps.rev;
+  const int m_dir = rev ? -1 : 1, m_wrap = rev ? -1 : per_head, m_restart = rev ? per_head - 1 : 0;
   // kBias: step it's bias and dbias rows m0 + rl, keys n0 + key_local0 + 8 e0 (the sm_80 kernel's
   // indexing: the bias of head or batch `lead`, dbias (lead, I, J), or (B, H, I, J) with
   // dbias_per_head, where every element is added once). Keys past J read key J - 1 instead
@@ -357,9 +351,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     issue_s_dp(rdP, v_desc, desc_add(do_desc_k, stage_off));
     wgmma_commit();
-    if (++m_next == per_head) {  // while S^T / dP^T run
-      m_next = 0;
-      if (++h_next == hkv * group + group) h_next = hkv * group;  // the rotated order goes round
+    m_next += m_dir;  // while S^T / dP^T run
+    if (m_next == m_wrap) {
+      m_next = m_restart;
+      h_next += m_dir;
+      if (h_next == hkv * group + group) h_next = hkv * group;  // the rotated order goes round
     }
     m0_next = (m_start + m_next) * kBM;
     // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's
