@@ -63,6 +63,17 @@ inline int hopper_bwd_head_group() {
   return group;
 }
 
+// Deterministic and causal: FLASHCOS_HOPPER_DET_CAUSAL_GROUP=G (read once) runs the key blocks in
+// head groups of G with their steps forwards, in key-block order (0: over every head, the order
+// before 2026-11-26 night); unset (-1), the default of launch_bwd_hopper_ws.
+inline int hopper_det_causal_group() {
+  static const int group = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_DET_CAUSAL_GROUP");
+    return env != nullptr ? std::max(0, std::atoi(env)) : -1;
+  }();
+  return group;
+}
+
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
 template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
@@ -93,15 +104,25 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     BwdParams banded = p;
     banded.key_band = hopper_bwd_key_band<D>(p, Tile::kBN);
     const bool det = p.dq_semaphore != nullptr;
-    // Deterministic and causal, head groups with each block's steps backwards at d 128 only: at d 64
-    // (one row block per key block) a block trails the one below it by the time an add takes to be
-    // counted, about half a step, idle; key-block order over every head does better there (H100
-    // bf16 b4 h8 causal backward ms, runs F4 / F6, d64 n 8192 / 16384: 1.62 / 6.27 against 1.89 /
-    // 6.47 backwards; d128: 3.32 / 12.57 against 3.08-3.13 / 11.40-11.44; not deterministic d64
-    // 1.34 / 5.31-5.40, d128 2.53-2.54 / 9.41).
-    if (p.causal && p.bias == nullptr && hopper_bwd_head_group() > 0 && (!det || (D == 128 && hopper_det_rotate()))) {
-      banded.head_group = hopper_bwd_head_group();
-      banded.det_reverse = det;
+    // Deterministic and causal: at d 64 head groups of 16 with the steps forwards, in key-block order
+    // (the blocks of a group that start together wait for the ones below them; past the first wave
+    // a block mostly launches after the one below it has passed its diagonal); at d 128 the plain
+    // kernel's groups of 2 with each block's steps backwards (DqTurns). H100 bf16 b4 h8 causal
+    // backward ms, n 8192 / 16384 (run F10; not deterministic d64 1.35 / 5.25-5.35, d128 2.41-2.63 /
+    // 9.50-9.53): d64 forwards in groups of 2 / 4 / 8 / 16: 2.60 / 2.03 / 1.65 / 1.54 and 7.69 / 6.40-6.52
+    // / 5.88-6.01 / 5.92-6.03, key-block order over every head 1.65 / 6.22, backwards in groups of
+    // 2 1.89 / 6.47 (F6); d128 forwards 4.39-4.48 / 3.59-3.61 / 3.21 / 3.10-3.11 and 13.44-13.57 /
+    // 11.90-12.18 / 11.59 / 11.45-11.52, backwards in groups of 2 2.90-2.91 / 11.03-11.04.
+    if (p.causal && p.bias == nullptr) {
+      const int det_group = hopper_det_causal_group() >= 0 ? hopper_det_causal_group() : D == 64 ? 16 : -1;
+      if (!det) {
+        banded.head_group = hopper_bwd_head_group();
+      } else if (hopper_det_rotate() && det_group > 0) {
+        banded.head_group = det_group;  // key-block order, each block's steps forwards
+      } else if (hopper_det_rotate() && det_group < 0) {
+        banded.head_group = hopper_bwd_head_group();
+        banded.det_reverse = banded.head_group > 0;
+      }
     }
     if (det && banded.key_band > 1 && hopper_det_rotate()) {
       // The rotated order (hopper::DqTurns) needs a band's CTAs resident together: one CTA per SM.
