@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0);
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
-  const BwdCta cta = bwd_cta(p, n_blocks, heads_batches);
+  const BwdCta cta = bwd_cta(p, blockIdx.x, n_blocks, heads_batches);
   const int n_block = cta.n_block, hb = cta.hb;
   // kBias with an (H, I, J) bias: batch fastest, so that the CTAs of one (key block, head) run side
   // by side and their bias loads and dbias reductions meet in L2 (with band 1, launch_bwd_hopper_ws).
@@ -143,8 +143,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 
   // Step it covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks inner,
   // from unit turns.rot() in the rotated deterministic order (DqTurns; p.det_rotate, not causal).
-  const DqTurns turns{cta.band_first, n_block - cta.band_first, kDet && p.det_rotate ? cta.band_w : 1, n_iters};
-  const BwdSteps steps{hkv * group, per_head, m_start, kBM, kDet ? turns.rot() : 0, n_iters, kDet && p.det_reverse};
+  const BwdOrder order = bwd_order(p, cta, hkv * group, per_head, m_start, kBM, n_iters, kDet);
+  const DqTurns turns = order.turns;
+  const BwdSteps steps = order.steps;
 
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives

@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include "attention/cosine/cuda/dq_semaphore.cuh"
+#include "attention/cosine/cuda/hopper/bwd_order.h"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/tma.cuh"
 #include "attention/cosine/cuda/hopper/tma_map.h"
@@ -62,81 +63,6 @@ struct BwdWsTile {
                                   kSw128Atom;
   static_assert(kSmem <= 227 * 1024, "shared memory");
   static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
-};
-
-// Which key block and (b, kv head) the CTA takes, from its index in the linear grid (the launcher
-// picks p.key_band and p.head_group). Bands of p.key_band key blocks: band slowest, then (b, kv
-// head), then the key block inside the band. Band 1 (key block slowest) puts every (b, kv head)'s
-// block 0, the one with the most query rows under a causal mask, first instead of the last (b,
-// head)'s long CTAs trailing the others. A band of every key block (not causal: key block fastest)
-// lets the CTAs running together share one (b, head)'s Q / dO in L2, and add into the same dQ
-// units while those are in L2. Deterministic, not causal: bands of up to 64 key blocks in the
-// rotated order (DqTurns). p.head_group > 0 (causal): groups of that many (b, kv head)s slowest,
-// key block slowest inside a group: the long blocks still first, and the CTAs running together add
-// into a few heads' dQ (with key block slowest over every head, the adds into one dQ unit came a
-// wave of CTAs apart, past L2: 32 heads' dQ is 64 MiB at d 64); deterministic, each block's steps
-// backwards (DqTurns).
-struct BwdCta {
-  int n_block, hb;
-  int band_first, band_w;  // the key blocks before this one's band, and the band's width
-};
-__device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, int n_blocks, int heads_batches) {
-  if (p.head_group > 0) {
-    const int g_ctas = p.head_group * n_blocks;
-    const int g_idx = int(blockIdx.x / unsigned(g_ctas)), in_g = int(blockIdx.x % unsigned(g_ctas));
-    const int g_w = min(p.head_group, heads_batches - g_idx * p.head_group);  // the last group may be narrower
-    const int n_block = in_g / g_w;
-    return {n_block, g_idx * p.head_group + in_g % g_w, n_block, 1};
-  }
-  const int band = p.key_band, band_ctas = band * heads_batches;
-  const int band_idx = int(blockIdx.x / unsigned(band_ctas)), in_band = int(blockIdx.x % unsigned(band_ctas));
-  const int band_w = min(band, n_blocks - band_idx * band);  // the last band may be narrower
-  return {band_idx * band + in_band % band_w, in_band / band_w, band_idx * band, band_w};
-}
-
-// Which query head and rows step `it` of a CTA covers: unit (it + rot) % n of the kv head's n units,
-// or unit n - 1 - it with rev, the kv head's query heads outer, row blocks of kBM inner, from row
-// block m_start (causal: the first with a key of this block). rot and rev are 0 but in the
-// deterministic orders (DqTurns).
-struct BwdSteps {
-  int head0, per_head, m_start, bm, rot, n, rev;
-  __device__ __forceinline__ int unit(int it) const {
-    if (rev) return n - 1 - it;
-    if (rot == 0) return it;
-    const int x = it + rot;
-    return x >= n ? x - n : x;
-  }
-  __device__ __forceinline__ int h(int it) const { return head0 + unit(it) / per_head; }
-  __device__ __forceinline__ int m0(int it) const { return (m_start + unit(it) % per_head) * bm; }
-};
-
-// Deterministic mode: the turn of this CTA (key block) in the fixed order of the adds into each dQ
-// unit (dq_semaphore.cuh), as the count of adds it waits for.
-// * Key-block order (w 1): every lower key block first, the sm_80 kernel's order. With a causal
-//   mask the Hopper blocks of a head group (hopper::bwd_cta) go through their units backwards
-//   (BwdSteps::rev), from the last row block to their diagonal: the blocks of a group that start
-//   together then reach each unit together, and each block trails the one below it by the time
-//   one add takes to be counted, not by steps (forwards, block n reached unit x n steps before
-//   block 0 did and waited for it). A block waits for lower blocks only, which were launched
-//   before it.
-// * Rotated (w > 1; not causal): every key block of the earlier bands first (`first` of them).
-//   Inside a band of w key blocks, block r starts at unit rot(r) = floor(r n / w) of the n units and
-//   goes round (BwdSteps), and each unit takes the band's blocks in the order they reach it running
-//   side by side: the block that started last at or before unit x (r0 = the largest r with rot(r)
-//   <= x), then r0 - 1, .., 0, w - 1, .., r0 + 1. So no block waits for a turn while the band runs
-//   at one pace; in key-block order block r of a band starting together waited r steps before its
-//   first add. The order follows each block's own step order, so the waits have no cycle provided
-//   a block counts its adds before it waits for a turn (bwd_dq_reduce) and the band's blocks are
-//   resident together (the launcher keeps a band within the SMs).
-struct DqTurns {
-  int first, r, w, n;
-  __device__ __forceinline__ int rot() const { return w > 1 ? int(int64_t(r) * n / w) : 0; }
-  __device__ __forceinline__ int target(const BwdSteps& steps, int it) const {
-    if (w <= 1) return first + r;
-    const int x = steps.unit(it);
-    const int r0 = min(w - 1, int((int64_t(x + 1) * w + n - 1) / n) - 1);
-    return first + (r0 - r + w) % w;
-  }
 };
 
 // Warp 1 + cc's lane 0 (kTmaDq): consumer cc's dQ part of each step into the accumulator.

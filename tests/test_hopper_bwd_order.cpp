@@ -1,0 +1,183 @@
+// The Hopper backward's order of work (attention/cosine/cuda/hopper/bwd_order.h), simulated on the
+// CPU, no GPU needed: every CTA of a grid takes its key block and (b, kv head) from bwd_cta, walks
+// its steps (BwdSteps) and, in the deterministic orders, waits at each dQ unit until the unit's
+// count reaches its turn (DqTurns), then adds and counts at once (as bwd_dq_reduce counts before it
+// waits again). A random scheduler runs the CTAs on a given number of SMs, one CTA each, launching
+// them in index order as SMs free up, and advances one of the resident CTAs that may proceed.
+// For each order the launcher (bwd_hopper.cuh) picks: the grid covers every (key block, kv head)
+// once, each CTA's steps cover each of its units once, the run finishes, every unit receives one add
+// from every key block that reaches it, and the order of the adds into a unit is the same under
+// two different schedules. A band of the rotated order wider than the SMs must deadlock: the
+// reason the launcher keeps a band within them.
+#include <gtest/gtest.h>
+
+#ifdef FLASHCOS_WITH_CUDA
+#include "attention/cosine/cuda/hopper/bwd_order.h"
+#endif
+
+#include <algorithm>
+#include <map>
+#include <ostream>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+#ifdef FLASHCOS_WITH_CUDA
+using flashcos::cuda::BwdParams;
+using namespace flashcos::cuda::hopper;
+
+struct OrderCase {
+  std::string name;
+  int B, H, Hkv, I, J, bm;  // bm: query rows per step (128 at d 64, 64 at d 128)
+  bool causal, det;
+  int key_band, head_group;
+  bool rotate, reverse;
+  int sms;
+};
+
+void PrintTo(const OrderCase& c, std::ostream* os) { *os << c.name; }
+
+struct CtaWork {
+  BwdCta cta;
+  int b, hkv, n_iters;
+  BwdOrder order;
+};
+
+constexpr int kBN = 128;  // keys per CTA
+
+int m_start_of(const OrderCase& c, int n_block) {
+  return c.causal ? std::max(0, n_block * kBN - (c.J - c.I)) / c.bm : 0;
+}
+
+std::vector<CtaWork> grid_of(const OrderCase& c) {
+  BwdParams p;
+  p.B = c.B, p.H = c.H, p.Hkv = c.Hkv, p.I = c.I, p.J = c.J, p.causal = c.causal;
+  p.key_band = c.key_band, p.head_group = c.head_group, p.det_rotate = c.rotate, p.det_reverse = c.reverse;
+  const int n_blocks = (c.J + kBN - 1) / kBN, heads_batches = c.B * c.Hkv, group = c.H / c.Hkv;
+  const int m_blocks = (c.I + c.bm - 1) / c.bm;
+  std::vector<CtaWork> grid;
+  for (int idx = 0; idx < n_blocks * heads_batches; ++idx) {
+    CtaWork w;
+    w.cta = bwd_cta(p, unsigned(idx), n_blocks, heads_batches);
+    w.hkv = w.cta.hb % c.Hkv, w.b = w.cta.hb / c.Hkv;  // as the kernel without a bias
+    const int m_start = m_start_of(c, w.cta.n_block), per_head = std::max(0, m_blocks - m_start);
+    w.n_iters = group * per_head;
+    w.order = bwd_order(p, w.cta, w.hkv * group, per_head, m_start, c.bm, w.n_iters, c.det);
+    grid.push_back(w);
+  }
+  return grid;
+}
+
+using Unit = std::tuple<int, int, int>;  // b, query head, first row
+
+// Runs the grid under one random schedule; false on a deadlock. adds: each unit's CTAs in the order
+// they added.
+bool simulate(const OrderCase& c, const std::vector<CtaWork>& grid, unsigned seed, std::map<Unit, std::vector<int>>* adds) {
+  std::mt19937 rng(seed);
+  std::map<Unit, int> count;
+  std::vector<int> it(grid.size(), 0), resident;
+  size_t next = 0, done = 0;
+  auto unit_of = [&](int k) {
+    const BwdSteps& s = grid[k].order.steps;
+    return Unit{grid[k].b, s.h(it[k]), s.m0(it[k])};
+  };
+  while (done < grid.size()) {
+    while (int(resident.size()) < c.sms && next < grid.size()) {
+      if (grid[next].n_iters == 0) {
+        ++next, ++done;
+        continue;
+      }
+      resident.push_back(int(next++));
+    }
+    std::vector<int> runnable;
+    for (int k : resident)
+      if (!c.det || count[unit_of(k)] >= grid[k].order.turns.target(grid[k].order.steps, it[k])) runnable.push_back(k);
+    if (runnable.empty()) return false;
+    const int k = runnable[rng() % runnable.size()];
+    const Unit u = unit_of(k);
+    ++count[u];
+    (*adds)[u].push_back(k);
+    if (++it[k] == grid[k].n_iters) {
+      resident.erase(std::find(resident.begin(), resident.end(), k));
+      ++done;
+    }
+  }
+  return true;
+}
+
+class HopperBwdOrder : public ::testing::TestWithParam<OrderCase> {};
+
+TEST_P(HopperBwdOrder, CoversEveryUnitOnceAndAddsInOneOrder) {
+  const OrderCase& c = GetParam();
+  const std::vector<CtaWork> grid = grid_of(c);
+  const int n_blocks = (c.J + kBN - 1) / kBN, m_blocks = (c.I + c.bm - 1) / c.bm;
+
+  std::set<std::pair<int, int>> taken;
+  for (const CtaWork& w : grid) {
+    ASSERT_TRUE(w.cta.n_block >= 0 && w.cta.n_block < n_blocks && w.cta.hb >= 0 && w.cta.hb < c.B * c.Hkv) << c.name;
+    EXPECT_TRUE(taken.insert({w.cta.n_block, w.cta.hb}).second) << c.name << ": key block " << w.cta.n_block
+                                                                 << " of (b, kv head) " << w.cta.hb << " twice";
+    std::vector<int> units;
+    for (int s = 0; s < w.n_iters; ++s) units.push_back(w.order.steps.unit(s));
+    std::sort(units.begin(), units.end());
+    for (int s = 0; s < w.n_iters; ++s) ASSERT_EQ(units[s], s) << c.name << ": a CTA's steps miss or repeat a unit";
+  }
+  EXPECT_EQ(int(taken.size()), n_blocks * c.B * c.Hkv) << c.name;
+
+  std::map<Unit, std::vector<int>> first, second;
+  ASSERT_TRUE(simulate(c, grid, 1, &first)) << c.name << ": deadlock";
+  ASSERT_TRUE(simulate(c, grid, 2, &second)) << c.name << ": deadlock";
+  const int group = c.H / c.Hkv;
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.H; ++h)
+      for (int m = 0; m < m_blocks; ++m) {
+        int reaching = 0;  // key blocks with a key at or below these rows
+        for (int n = 0; n < n_blocks; ++n) reaching += m_start_of(c, n) <= m;
+        const Unit u{b, h, m * c.bm};
+        EXPECT_EQ(int(first[u].size()), reaching) << c.name << ": unit (" << b << ", " << h / group << "/" << h << ", " << m << ")";
+        if (c.det) {
+          EXPECT_EQ(first[u], second[u]) << c.name << ": the adds into a unit changed order";
+        }
+      }
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Cpu, HopperBwdOrder, ::testing::Values(
+  // name                          B  H Hkv     I     J   bm  causal det   band head_group rotate reverse sms
+  // Not causal, deterministic: the rotated order, one band of every key block, or bands kept within the SMs.
+  OrderCase{"rotated_d64_band64",    2, 2, 2, 8192, 8192, 128, false, true, 64, 0, true,  false, 132},
+  OrderCase{"rotated_d64_band20",    1, 2, 2, 8192, 8192, 128, false, true, 20, 0, true,  false, 20},
+  OrderCase{"rotated_d128_gqa",      1, 4, 2, 3000, 3000,  64, false, true, 24, 0, true,  false, 132},
+  OrderCase{"rotated_d128_gqa_sms8", 1, 4, 2, 3000, 3000,  64, false, true,  8, 0, true,  false, 8},
+  OrderCase{"rotated_ties_63x2049",  2, 2, 2,   63, 2049,  64, false, true, 17, 0, true,  false, 132},
+  OrderCase{"keyblock_band8",        1, 2, 2, 2048, 2048, 128, false, true,  8, 0, false, false, 132},
+  // Causal, deterministic: d128 head groups of 2 backwards, d64 groups of 16 forwards, key-block
+  // order over every head; J > I and I > J.
+  OrderCase{"causal_d128_rev",       1, 8, 8, 4096, 4096,  64, true,  true,  1, 2, false, true,  132},
+  OrderCase{"causal_d128_rev_sms10", 1, 8, 8, 4096, 4096,  64, true,  true,  1, 2, false, true,  10},
+  OrderCase{"causal_d128_rev_gqa",   1, 4, 2, 1000, 2300,  64, true,  true,  1, 2, false, true,  132},
+  OrderCase{"causal_d64_groups16",   2, 8, 8, 4096, 4096, 128, true,  true,  1, 16, false, false, 132},
+  OrderCase{"causal_d64_groups16_sms12", 1, 8, 4, 2048, 2048, 128, true, true, 1, 16, false, false, 12},
+  OrderCase{"causal_d64_i_gt_j",     2, 2, 2, 1000,  700, 128, true,  true,  1, 16, false, false, 132},
+  OrderCase{"causal_keyblock_all",   1, 4, 4, 2049, 2049, 128, true,  true,  1, 0, false, false, 132},
+  // Not deterministic: coverage only.
+  OrderCase{"plain_causal_groups2",  2, 3, 3, 1000, 1000,  64, true,  false, 1, 2, false, false, 132},
+  OrderCase{"plain_full",            2, 4, 2, 1000, 2300, 128, false, false, 18, 0, false, false, 132}),
+  [](const ::testing::TestParamInfo<OrderCase>& info) { return info.param.name; });
+// clang-format on
+
+TEST(HopperBwdOrderNegative, RotatedBandWiderThanTheSmsDeadlocks) {
+  // Band 64 on 16 SMs: block 15's second unit is block 16's first, and block 16 never gets an SM.
+  const OrderCase c{"band64_sms16", 1, 1, 1, 8192, 8192, 128, false, true, 64, 0, true, false, 16};
+  std::map<Unit, std::vector<int>> adds;
+  EXPECT_FALSE(simulate(c, grid_of(c), 1, &adds));
+}
+#else
+TEST(HopperBwdOrder, NeedsTheCudaBuild) { GTEST_SKIP() << "bwd_order.h is part of the CUDA build"; }
+#endif
+
+}  // namespace
