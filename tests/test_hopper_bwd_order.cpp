@@ -1,14 +1,15 @@
 // The Hopper backward's order of work (attention/cosine/cuda/hopper/bwd_order.h), simulated on the
-// CPU, no GPU needed: every CTA of a grid takes its key block and (b, kv head) from bwd_cta, walks
-// its steps (BwdSteps) and, in the deterministic orders, waits at each dQ unit until the unit's
-// count reaches its turn (DqTurns), then adds and counts at once (as bwd_dq_reduce counts before it
+// CPU, no GPU needed. choose_bwd_order picks the order as the launcher does (bwd_hopper.cuh); every
+// CTA of the grid then takes its key block and (b, kv head) from bwd_cta, walks its steps
+// (BwdSteps) and, in the deterministic orders, waits at each dQ unit until the unit's count
+// reaches its turn (DqTurns), then adds and counts at once (as bwd_dq_reduce counts before it
 // waits again). A random scheduler runs the CTAs on a given number of SMs, one CTA each, launching
 // them in index order as SMs free up, and advances one of the resident CTAs that may proceed.
-// For each order the launcher (bwd_hopper.cuh) picks: the grid covers every (key block, kv head)
-// once, each CTA's steps cover each of its units once, the run finishes, every unit receives one add
-// from every key block that reaches it, and the order of the adds into a unit is the same under
-// two different schedules. A band of the rotated order wider than the SMs must deadlock: the
-// reason the launcher keeps a band within them.
+// For each order: the grid covers every (key block, kv head) once, each CTA's steps cover each of
+// its units once, the run finishes, every unit receives one add from every key block that reaches
+// it, and the order of the adds into a unit is the same under two different schedules. A band of
+// the rotated order wider than the SMs must deadlock: the reason the launcher keeps a band within
+// them. The launcher's choices for the cases it distinguishes are pinned down too.
 #include <gtest/gtest.h>
 
 #ifdef FLASHCOS_WITH_CUDA
@@ -32,11 +33,10 @@ using namespace flashcos::cuda::hopper;
 
 struct OrderCase {
   std::string name;
-  int B, H, Hkv, I, J, bm;  // bm: query rows per step (128 at d 64, 64 at d 128)
+  int B, H, Hkv, I, J, d_tile;  // d_tile 64: 128 query rows per step; 128: 64 rows
   bool causal, det;
-  int key_band, head_group;
-  bool rotate, reverse;
   int sms;
+  BwdOrderKnobs knobs = {};  // the launcher's defaults unless a case says otherwise
 };
 
 void PrintTo(const OrderCase& c, std::ostream* os) { *os << c.name; }
@@ -49,16 +49,26 @@ struct CtaWork {
 
 constexpr int kBN = 128;  // keys per CTA
 
+int rows_per_step(const OrderCase& c) { return c.d_tile == 64 ? 128 : 64; }  // hopper_bwd_rows, variant 0
+
 int m_start_of(const OrderCase& c, int n_block) {
-  return c.causal ? std::max(0, n_block * kBN - (c.J - c.I)) / c.bm : 0;
+  return c.causal ? std::max(0, n_block * kBN - (c.J - c.I)) / rows_per_step(c) : 0;
+}
+
+BwdParams params_of(const OrderCase& c) {
+  static int counters = 0;  // any non-null pointer: the deterministic mode
+  BwdParams p;
+  p.B = c.B, p.H = c.H, p.Hkv = c.Hkv, p.I = c.I, p.J = c.J, p.causal = c.causal;
+  p.dq_semaphore = c.det ? &counters : nullptr;
+  choose_bwd_order(p, c.d_tile, kBN, c.sms, c.knobs);
+  return p;
 }
 
 std::vector<CtaWork> grid_of(const OrderCase& c) {
-  BwdParams p;
-  p.B = c.B, p.H = c.H, p.Hkv = c.Hkv, p.I = c.I, p.J = c.J, p.causal = c.causal;
-  p.key_band = c.key_band, p.head_group = c.head_group, p.det_rotate = c.rotate, p.det_reverse = c.reverse;
+  const BwdParams p = params_of(c);
+  const int bm = rows_per_step(c);
   const int n_blocks = (c.J + kBN - 1) / kBN, heads_batches = c.B * c.Hkv, group = c.H / c.Hkv;
-  const int m_blocks = (c.I + c.bm - 1) / c.bm;
+  const int m_blocks = (c.I + bm - 1) / bm;
   std::vector<CtaWork> grid;
   for (int idx = 0; idx < n_blocks * heads_batches; ++idx) {
     CtaWork w;
@@ -66,7 +76,7 @@ std::vector<CtaWork> grid_of(const OrderCase& c) {
     w.hkv = w.cta.hb % c.Hkv, w.b = w.cta.hb / c.Hkv;  // as the kernel without a bias
     const int m_start = m_start_of(c, w.cta.n_block), per_head = std::max(0, m_blocks - m_start);
     w.n_iters = group * per_head;
-    w.order = bwd_order(p, w.cta, w.hkv * group, per_head, m_start, c.bm, w.n_iters, c.det);
+    w.order = bwd_order(p, w.cta, w.hkv * group, per_head, m_start, bm, w.n_iters, c.det);
     grid.push_back(w);
   }
   return grid;
@@ -114,7 +124,7 @@ class HopperBwdOrder : public ::testing::TestWithParam<OrderCase> {};
 TEST_P(HopperBwdOrder, CoversEveryUnitOnceAndAddsInOneOrder) {
   const OrderCase& c = GetParam();
   const std::vector<CtaWork> grid = grid_of(c);
-  const int n_blocks = (c.J + kBN - 1) / kBN, m_blocks = (c.I + c.bm - 1) / c.bm;
+  const int n_blocks = (c.J + kBN - 1) / kBN, bm = rows_per_step(c), m_blocks = (c.I + bm - 1) / bm;
 
   std::set<std::pair<int, int>> taken;
   for (const CtaWork& w : grid) {
@@ -137,7 +147,7 @@ TEST_P(HopperBwdOrder, CoversEveryUnitOnceAndAddsInOneOrder) {
       for (int m = 0; m < m_blocks; ++m) {
         int reaching = 0;  // key blocks with a key at or below these rows
         for (int n = 0; n < n_blocks; ++n) reaching += m_start_of(c, n) <= m;
-        const Unit u{b, h, m * c.bm};
+        const Unit u{b, h, m * bm};
         EXPECT_EQ(int(first[u].size()), reaching) << c.name << ": unit (" << b << ", " << h / group << "/" << h << ", " << m << ")";
         if (c.det) {
           EXPECT_EQ(first[u], second[u]) << c.name << ": the adds into a unit changed order";
@@ -145,36 +155,75 @@ TEST_P(HopperBwdOrder, CoversEveryUnitOnceAndAddsInOneOrder) {
       }
 }
 
+BwdOrderKnobs key_block_order() {  // FLASHCOS_HOPPER_DET_ROTATE=0
+  BwdOrderKnobs k;
+  k.det_orders = false;
+  return k;
+}
+
+BwdOrderKnobs det_causal_groups(int g) {  // FLASHCOS_HOPPER_DET_CAUSAL_GROUP=g
+  BwdOrderKnobs k;
+  k.det_causal_group = g;
+  return k;
+}
+
 // clang-format off
 INSTANTIATE_TEST_SUITE_P(Cpu, HopperBwdOrder, ::testing::Values(
-  // name                          B  H Hkv     I     J   bm  causal det   band head_group rotate reverse sms
-  // Not causal, deterministic: the rotated order, one band of every key block, or bands kept within the SMs.
-  OrderCase{"rotated_d64_band64",    2, 2, 2, 8192, 8192, 128, false, true, 64, 0, true,  false, 132},
-  OrderCase{"rotated_d64_band20",    1, 2, 2, 8192, 8192, 128, false, true, 20, 0, true,  false, 20},
-  OrderCase{"rotated_d128_gqa",      1, 4, 2, 3000, 3000,  64, false, true, 24, 0, true,  false, 132},
-  OrderCase{"rotated_d128_gqa_sms8", 1, 4, 2, 3000, 3000,  64, false, true,  8, 0, true,  false, 8},
-  OrderCase{"rotated_ties_63x2049",  2, 2, 2,   63, 2049,  64, false, true, 17, 0, true,  false, 132},
-  OrderCase{"keyblock_band8",        1, 2, 2, 2048, 2048, 128, false, true,  8, 0, false, false, 132},
-  // Causal, deterministic: d128 head groups of 2 backwards, d64 groups of 16 forwards, key-block
-  // order over every head; J > I and I > J.
-  OrderCase{"causal_d128_rev",       1, 8, 8, 4096, 4096,  64, true,  true,  1, 2, false, true,  132},
-  OrderCase{"causal_d128_rev_sms10", 1, 8, 8, 4096, 4096,  64, true,  true,  1, 2, false, true,  10},
-  OrderCase{"causal_d128_rev_gqa",   1, 4, 2, 1000, 2300,  64, true,  true,  1, 2, false, true,  132},
-  OrderCase{"causal_d64_groups16",   2, 8, 8, 4096, 4096, 128, true,  true,  1, 16, false, false, 132},
-  OrderCase{"causal_d64_groups16_sms12", 1, 8, 4, 2048, 2048, 128, true, true, 1, 16, false, false, 12},
-  OrderCase{"causal_d64_i_gt_j",     2, 2, 2, 1000,  700, 128, true,  true,  1, 16, false, false, 132},
-  OrderCase{"causal_keyblock_all",   1, 4, 4, 2049, 2049, 128, true,  true,  1, 0, false, false, 132},
+  // name                          B  H Hkv     I     J  d_tile causal det  sms
+  // Not causal, deterministic: the rotated order, one band of every key block or bands within the SMs.
+  OrderCase{"rotated_d64",           2, 2, 2, 8192, 8192,  64, false, true, 132},
+  OrderCase{"rotated_d64_sms20",     1, 2, 2, 8192, 8192,  64, false, true,  20},
+  OrderCase{"rotated_d128_gqa",      1, 4, 2, 3000, 3000, 128, false, true, 132},
+  OrderCase{"rotated_d128_gqa_sms8", 1, 4, 2, 3000, 3000, 128, false, true,   8},
+  OrderCase{"rotated_ties_63x2049",  2, 2, 2,   63, 2049, 128, false, true, 132},
+  OrderCase{"keyblock_band8",        1, 2, 2, 2048, 2048,  64, false, true, 132, key_block_order()},
+  // Causal, deterministic: d128 head groups of 2 backwards (also on fewer SMs than a group has
+  // CTAs, and with GQA and J > I), d64 groups of 16 forwards (I > J too), and groups of 2 forwards,
+  // key-block order over every head.
+  OrderCase{"causal_d128",           1, 8, 8, 4096, 4096, 128, true,  true, 132},
+  OrderCase{"causal_d128_sms10",     1, 8, 8, 4096, 4096, 128, true,  true,  10},
+  OrderCase{"causal_d128_gqa",       1, 4, 2, 1000, 2300, 128, true,  true, 132},
+  OrderCase{"causal_d64",            2, 8, 8, 4096, 4096,  64, true,  true, 132},
+  OrderCase{"causal_d64_sms12",      1, 8, 4, 2048, 2048,  64, true,  true,  12},
+  OrderCase{"causal_d64_i_gt_j",     2, 2, 2, 1000,  700,  64, true,  true, 132},
+  OrderCase{"causal_d64_groups2",    2, 4, 4, 2048, 2048,  64, true,  true, 132, det_causal_groups(2)},
+  OrderCase{"causal_keyblock_all",   1, 4, 4, 2049, 2049,  64, true,  true, 132, key_block_order()},
   // Not deterministic: coverage only.
-  OrderCase{"plain_causal_groups2",  2, 3, 3, 1000, 1000,  64, true,  false, 1, 2, false, false, 132},
-  OrderCase{"plain_full",            2, 4, 2, 1000, 2300, 128, false, false, 18, 0, false, false, 132}),
+  OrderCase{"plain_causal",          2, 3, 3, 1000, 1000, 128, true,  false, 132},
+  OrderCase{"plain_full",            2, 4, 2, 1000, 2300,  64, false, false, 132}),
   [](const ::testing::TestParamInfo<OrderCase>& info) { return info.param.name; });
 // clang-format on
 
+TEST(HopperBwdOrderChoice, TheLauncherPicksTheTimedOrders) {
+  auto chosen = [](const OrderCase& c) {
+    const BwdParams p = params_of(c);
+    return std::make_tuple(p.key_band, p.head_group, p.det_rotate, p.det_reverse);
+  };
+  // name, B, H, Hkv, I, J, d_tile, causal, det, sms: 64 key blocks
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, false, false, 132}), std::make_tuple(64, 0, false, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, false, true, 132}), std::make_tuple(64, 0, true, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, false, true, 20}), std::make_tuple(20, 0, true, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, false, true, 132, key_block_order()}), std::make_tuple(8, 0, false, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, false, true, 132, key_block_order()}), std::make_tuple(16, 0, false, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, true, false, 132}), std::make_tuple(1, 2, false, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, true, true, 132}), std::make_tuple(1, 16, false, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, true, true, 132}), std::make_tuple(1, 2, false, true));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, true, true, 132, key_block_order()}), std::make_tuple(1, 0, false, false));
+  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, true, true, 132, det_causal_groups(0)}), std::make_tuple(1, 0, false, false));
+  // One key block: nothing to order.
+  EXPECT_EQ(chosen({"", 4, 8, 8, 100, 100, 64, false, true, 132}), std::make_tuple(1, 0, false, false));
+}
+
 TEST(HopperBwdOrderNegative, RotatedBandWiderThanTheSmsDeadlocks) {
-  // Band 64 on 16 SMs: block 15's second unit is block 16's first, and block 16 never gets an SM.
-  const OrderCase c{"band64_sms16", 1, 1, 1, 8192, 8192, 128, false, true, 64, 0, true, false, 16};
+  // Band 64 on 16 SMs (the launcher would keep it to 16): block 15's second unit is block 16's
+  // first, and block 16 never gets an SM.
+  const OrderCase c{"band64_sms16", 1, 1, 1, 8192, 8192, 64, false, true, 132};
+  const std::vector<CtaWork> grid = grid_of(c);
+  ASSERT_EQ(grid.front().cta.band_w, 64);
+  OrderCase on16 = c;
+  on16.sms = 16;
   std::map<Unit, std::vector<int>> adds;
-  EXPECT_FALSE(simulate(c, grid_of(c), 1, &adds));
+  EXPECT_FALSE(simulate(on16, grid, 1, &adds));
 }
 #else
 TEST(HopperBwdOrder, NeedsTheCudaBuild) { GTEST_SKIP() << "bwd_order.h is part of the CUDA build"; }

@@ -12,7 +12,7 @@
 // Progress needs key block n - 1 to be resident or done while n waits: both kernels launch lower
 // key blocks of a (b, head) first, and CUDA starts blocks in index order. The Hopper backward's
 // deterministic mode without a causal mask orders each unit's adds by a rotation inside bands of
-// key blocks instead (hopper::DqTurns in hopper/bwd_producer.cuh): the wait targets differ, the
+// key blocks instead (hopper::DqTurns in hopper/bwd_order.h): the wait targets differ, the
 // counters are these.
 #pragma once
 

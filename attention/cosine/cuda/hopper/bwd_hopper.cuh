@@ -16,62 +16,26 @@
 
 namespace flashcos::cuda {
 
-// The deterministic backward's rotated order (not causal) and head groups with backward steps
-// (causal; hopper::DqTurns), on unless FLASHCOS_HOPPER_DET_ROTATE=0 (read once): key-block order
-// over every head, as before 2026-11-26 night, for comparison.
-inline bool hopper_det_rotate() {
-  static const bool on = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_DET_ROTATE");
-    return env == nullptr || std::string(env) != "0";
+// The knobs of the backward's order of work (hopper::choose_bwd_order, where the defaults and their
+// timings are), read once from the environment: FLASHCOS_HOPPER_DET_ROTATE=0 (the deterministic
+// mode in key-block order over every head, as before 2026-11-26 night), FLASHCOS_HOPPER_DET_BAND,
+// FLASHCOS_HOPPER_CAUSAL_GROUP (0: key block slowest over every head) and
+// FLASHCOS_HOPPER_DET_CAUSAL_GROUP (head groups with the steps forwards for the deterministic causal
+// backward; 0: over every head).
+inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
+  static const hopper::BwdOrderKnobs knobs = [] {
+    hopper::BwdOrderKnobs k;
+    const char* rotate = std::getenv("FLASHCOS_HOPPER_DET_ROTATE");
+    k.det_orders = rotate == nullptr || std::string(rotate) != "0";
+    if (const char* band = std::getenv("FLASHCOS_HOPPER_DET_BAND")) k.det_band = std::max(0, std::atoi(band));
+    const char* group = std::getenv("FLASHCOS_HOPPER_CAUSAL_GROUP");
+    if (group != nullptr && std::atoi(group) >= 0) k.causal_group = std::atoi(group);
+    if (const char* det_group = std::getenv("FLASHCOS_HOPPER_DET_CAUSAL_GROUP")) {
+      k.det_causal_group = std::max(0, std::atoi(det_group));
+    }
+    return k;
   }();
-  return on;
-}
-
-// The backward's CTA order (BwdParams::key_band): causal 1 (key block slowest), not causal every key
-// block (fastest); deterministic and not causal, bands of 64 key blocks in the rotated order (the
-// launcher keeps a band within the SMs), 8 (d 64 tiles) / 16 (d 128) in key-block order, or
-// FLASHCOS_HOPPER_DET_BAND (read once). H100 bf16 b4 h8 n 8192 (64 key blocks), deterministic
-// backward ms (run F2 of 2026-11-26 night): rotated, bands 8 / 16 / 32 / 64: d64 4.71 / 2.94-2.99 /
-// 2.79-2.84 / 2.85-2.87, d128 8.11 (16) / 5.58 (32) / 5.48-5.50 (64); key-block order with 8 / 16:
-// 3.07-3.11 and 5.95-5.96; not deterministic 2.47-2.65 and 4.84-4.93. Narrow rotated bands read
-// many heads' Q / dO at once, spread over each head (16 heads' 2 or 4 MiB at band 8 / 16: past
-// what L2 holds); in key-block order the block r of a band waits r steps before its first add.
-template <int D>
-int hopper_bwd_key_band(const BwdParams& p, int block_keys) {
-  static const int det_band = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_DET_BAND");
-    return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : hopper_det_rotate() ? 64 : D == 128 ? 16 : 8;
-  }();
-  const int n_blocks = (p.J + block_keys - 1) / block_keys;
-  // A bias: key block slowest too, so that the CTAs running together are one key block's (b, head)s,
-  // which share the bias rows they read and the dbias rows they add to (bwd_hopper_ws_kernel).
-  if (p.causal || p.bias != nullptr) return 1;
-  return p.dq_semaphore != nullptr ? std::min(det_band, n_blocks) : n_blocks;
-}
-
-// The causal backward's (b, kv head) groups (hopper::bwd_cta): FLASHCOS_HOPPER_CAUSAL_GROUP (read
-// once; 0: key block slowest over every head, the order before 2026-11-26 night), else 2. H100 bf16
-// b4 h8, causal backward TFLOP/s by group 0 / 1 / 2 / 4 / 8 (run F3, two rounds), n 8192 d64:
-// 479-478 / 493-491 / 509-508 / 508-502 / 510-508, d128: 490-491 / 531-552 / 544-542 / 538-542 /
-// 516-535; n 16384 d64: 460-449 / 520-519 / 516-510 / 515-517 / 505-511, d128: 515-511 / 582-580 /
-// 580-580 / 577-574 / 565-567.
-inline int hopper_bwd_head_group() {
-  static const int group = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_CAUSAL_GROUP");
-    return env != nullptr && std::atoi(env) >= 0 ? std::atoi(env) : 2;
-  }();
-  return group;
-}
-
-// Deterministic and causal: FLASHCOS_HOPPER_DET_CAUSAL_GROUP=G (read once) runs the key blocks in
-// head groups of G with their steps forwards, in key-block order (0: over every head, the order
-// before 2026-11-26 night); unset (-1), the default of launch_bwd_hopper_ws.
-inline int hopper_det_causal_group() {
-  static const int group = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_DET_CAUSAL_GROUP");
-    return env != nullptr ? std::max(0, std::atoi(env)) : -1;
-  }();
-  return group;
+  return knobs;
 }
 
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
@@ -101,38 +65,16 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
-    BwdParams banded = p;
-    banded.key_band = hopper_bwd_key_band<D>(p, Tile::kBN);
     const bool det = p.dq_semaphore != nullptr;
-    // Deterministic and causal: at d 64 head groups of 16 with the steps forwards, in key-block order
-    // (the blocks of a group that start together wait for the ones below them; past the first wave
-    // a block mostly launches after the one below it has passed its diagonal); at d 128 the plain
-    // kernel's groups of 2 with each block's steps backwards (DqTurns). H100 bf16 b4 h8 causal
-    // backward ms, n 8192 / 16384 (run F10; not deterministic d64 1.35 / 5.25-5.35, d128 2.41-2.63 /
-    // 9.50-9.53): d64 forwards in groups of 2 / 4 / 8 / 16: 2.60 / 2.03 / 1.65 / 1.54 and 7.69 / 6.40-6.52
-    // / 5.88-6.01 / 5.92-6.03, key-block order over every head 1.65 / 6.22, backwards in groups of
-    // 2 1.89 / 6.47 (F6); d128 forwards 4.39-4.48 / 3.59-3.61 / 3.21 / 3.10-3.11 and 13.44-13.57 /
-    // 11.90-12.18 / 11.59 / 11.45-11.52, backwards in groups of 2 2.90-2.91 / 11.03-11.04.
-    if (p.causal && p.bias == nullptr) {
-      const int det_group = hopper_det_causal_group() >= 0 ? hopper_det_causal_group() : D == 64 ? 16 : -1;
-      if (!det) {
-        banded.head_group = hopper_bwd_head_group();
-      } else if (hopper_det_rotate() && det_group > 0) {
-        banded.head_group = det_group;  // key-block order, each block's steps forwards
-      } else if (hopper_det_rotate() && det_group < 0) {
-        banded.head_group = hopper_bwd_head_group();
-        banded.det_reverse = banded.head_group > 0;
-      }
-    }
-    if (det && banded.key_band > 1 && hopper_det_rotate()) {
-      // The rotated order (hopper::DqTurns) needs a band's CTAs resident together: one CTA per SM.
-      int device = 0, sms = 0;
+    int sms = 0;  // the deterministic rotated order keeps a band within the SMs
+    if (det) {
+      int device = 0;
       cudaError_t attr = cudaGetDevice(&device);
       if (attr == cudaSuccess) attr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
       if (attr != cudaSuccess) return attr;
-      banded.det_rotate = true;
-      banded.key_band = std::min(banded.key_band, std::max(1, sms));
     }
+    BwdParams banded = p;
+    hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
     auto kernel = p.bias != nullptr ? (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>)
                                     : (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>

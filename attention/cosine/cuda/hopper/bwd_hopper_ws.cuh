@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const BwdCta cta = bwd_cta(p, blockIdx.x, n_blocks, heads_batches);
   const int n_block = cta.n_block, hb = cta.hb;
   // kBias with an (H, I, J) bias: batch fastest, so that the CTAs of one (key block, head) run side
-  // by side and their bias loads and dbias reductions meet in L2 (with band 1, launch_bwd_hopper_ws).
+  // by side and their bias loads and dbias reductions meet in L2 (with band 1, choose_bwd_order).
   const bool batch_fastest = kBias && !p.bias_batch_dim;
   const int hkv = batch_fastest ? hb / p.B : hb % p.Hkv, b = batch_fastest ? hb % p.B : hb / p.Hkv;
   const int group = p.H / p.Hkv;

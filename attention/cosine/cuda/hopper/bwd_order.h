@@ -1,10 +1,11 @@
 // The Hopper backward's order of work, host and device code (tests/test_hopper_bwd_order.cpp
 // simulates it on the CPU): which key block and (b, kv head) a CTA takes (bwd_cta), which query
 // unit each of its steps covers (BwdSteps), and in the deterministic mode its turn in the fixed
-// order of the adds into each dQ unit (DqTurns). The kernel: bwd_hopper_ws.cuh; the launcher's
-// choice of order: bwd_hopper.cuh (launch_bwd_hopper_ws).
+// order of the adds into each dQ unit (DqTurns); and which order a launch takes (choose_bwd_order,
+// host only). The kernel: bwd_hopper_ws.cuh; the launcher: bwd_hopper.cuh.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attention/cosine/cuda/params.h"
@@ -104,6 +105,65 @@ FLASHCOS_HD BwdOrder bwd_order(const BwdParams& p, const BwdCta& cta, int head0,
                                int n_iters, bool det) {
   const DqTurns turns{cta.band_first, cta.n_block - cta.band_first, det && p.det_rotate ? cta.band_w : 1, n_iters};
   return {turns, BwdSteps{head0, per_head, m_start, bm, det ? turns.rot() : 0, n_iters, det && p.det_reverse ? 1 : 0}};
+}
+
+// The knobs of choose_bwd_order; the launcher reads them from the environment (bwd_hopper.cuh).
+struct BwdOrderKnobs {
+  bool det_orders = true;     // deterministic: rotated / head-grouped, else key-block order over every head
+  int det_band = 0;           // deterministic, not causal: key blocks per band; 0: the default
+  int causal_group = 2;       // causal: (b, kv head)s per group; 0: key block slowest over every head
+  int det_causal_group = -1;  // deterministic, causal: groups with the steps forwards; -1: the default
+};
+
+// Which order the launch of tiles of d_tile (64 / 128) columns and block_keys keys per CTA takes, on
+// a GPU of sms SMs (read only by the deterministic rotated order): sets p.key_band, p.head_group,
+// p.det_rotate and p.det_reverse (bwd_cta, bwd_order).
+// * Not causal: every key block of a (b, kv head) side by side (one band), sharing its Q / dO in L2.
+//   Deterministic: bands of 64 key blocks in the rotated order (DqTurns), kept within the SMs, as
+//   it may wait for a block launched after it. H100 bf16 b4 h8 n 8192 (64 key blocks),
+//   deterministic backward ms (run F2 of 2026-11-26 night): rotated, bands 8 / 16 / 32 / 64: d64 4.71
+//   / 2.94-2.99 / 2.79-2.84 / 2.85-2.87, d128 8.11 (16) / 5.58 (32) / 5.48-5.50 (64); key-block order
+//   with 8 / 16: 3.07-3.11 and 5.95-5.96; not deterministic 2.47-2.65 and 4.84-4.93. Narrow rotated
+//   bands read many heads' Q / dO at once, spread over each head (16 heads' 2 or 4 MiB at band 8 /
+//   16: past what L2 holds); in key-block order block r of a band waits r steps before its first
+//   add. (Before 2026-11-26 night, and with det_orders off: key-block order in bands of 8 / 16.)
+// * Causal (and with a bias): key block slowest, the longest blocks first. With a bias over every
+//   (b, kv head), so that the CTAs running together share the bias rows they read and the dbias rows
+//   they add to. Without one in head groups of causal_group (b, kv head)s, so that the adds into one
+//   dQ unit come close together in L2. Run F3, causal backward TFLOP/s by group 0 / 1 / 2 / 4 / 8 (two
+//   rounds), n 8192 d64: 479-478 / 493-491 / 509-508 / 508-502 / 510-508, d128: 490-491 / 531-552 /
+//   544-542 / 538-542 / 516-535; n 16384 d64: 460-449 / 520-519 / 516-510 / 515-517 / 505-511, d128:
+//   515-511 / 582-580 / 580-580 / 577-574 / 565-567.
+// * Causal, deterministic, no bias: at d 64 head groups of 16 with the steps forwards, in key-block
+//   order (the blocks of a group that start together wait for the ones below them; past the first
+//   wave a block mostly launches after the one below it has passed its diagonal); at d 128 groups of
+//   causal_group with each block's steps backwards (DqTurns). Causal backward ms, n 8192 / 16384 (run
+//   F10; not deterministic d64 1.35 / 5.25-5.35, d128 2.41-2.63 / 9.50-9.53): d64 forwards in groups
+//   of 2 / 4 / 8 / 16: 2.60 / 2.03 / 1.65 / 1.54 and 7.69 / 6.40-6.52 / 5.88-6.01 / 5.92-6.03,
+//   key-block order over every head 1.65 / 6.22, backwards in groups of 2 1.89 / 6.47 (F6); d128
+//   forwards 4.39-4.48 / 3.59-3.61 / 3.21 / 3.10-3.11 and 13.44-13.57 / 11.90-12.18 / 11.59 /
+//   11.45-11.52, backwards in groups of 2 2.90-2.91 / 11.03-11.04.
+inline void choose_bwd_order(BwdParams& p, int d_tile, int block_keys, int sms, const BwdOrderKnobs& k) {
+  const bool det = p.dq_semaphore != nullptr, biased = p.bias != nullptr;
+  const int n_blocks = (p.J + block_keys - 1) / block_keys;
+  p.key_band = p.causal || biased ? 1 : n_blocks;
+  p.head_group = 0;
+  p.det_rotate = p.det_reverse = false;
+  if (det && !p.causal && !biased) {
+    const int band = k.det_band > 0 ? k.det_band : k.det_orders ? 64 : d_tile == 128 ? 16 : 8;
+    p.key_band = std::min(band, n_blocks);
+    p.det_rotate = k.det_orders && p.key_band > 1;
+    if (p.det_rotate) p.key_band = std::min(p.key_band, std::max(1, sms));
+  }
+  if (p.causal && !biased) {
+    if (!det) {
+      p.head_group = k.causal_group;
+    } else if (k.det_orders) {
+      const int group = k.det_causal_group >= 0 ? k.det_causal_group : d_tile == 64 ? 16 : -1;
+      p.head_group = group >= 0 ? group : k.causal_group;
+      p.det_reverse = group < 0 && p.head_group > 0;
+    }
+  }
 }
 
 }  // namespace flashcos::cuda::hopper
