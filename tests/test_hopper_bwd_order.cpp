@@ -86,7 +86,8 @@ using Unit = std::tuple<int, int, int>;  // b, query head, first row
 
 // Runs the grid under one random schedule; false on a deadlock. adds: each unit's CTAs in the order
 // they added.
-bool simulate(const OrderCase& c, const std::vector<CtaWork>& grid, unsigned seed, std::map<Unit, std::vector<int>>* adds) {
+bool simulate(const OrderCase& c, const std::vector<CtaWork>& grid, unsigned seed,
+              std::map<Unit, std::vector<int>>* adds) {
   std::mt19937 rng(seed);
   std::map<Unit, int> count;
   std::vector<int> it(grid.size(), 0), resident;
@@ -148,7 +149,8 @@ TEST_P(HopperBwdOrder, CoversEveryUnitOnceAndAddsInOneOrder) {
         int reaching = 0;  // key blocks with a key at or below these rows
         for (int n = 0; n < n_blocks; ++n) reaching += m_start_of(c, n) <= m;
         const Unit u{b, h, m * bm};
-        EXPECT_EQ(int(first[u].size()), reaching) << c.name << ": unit (" << b << ", " << h / group << "/" << h << ", " << m << ")";
+        EXPECT_EQ(int(first[u].size()), reaching)
+            << c.name << ": unit (" << b << ", " << h / group << "/" << h << ", " << m << ")";
         if (c.det) {
           EXPECT_EQ(first[u], second[u]) << c.name << ": the adds into a unit changed order";
         }
@@ -195,23 +197,24 @@ INSTANTIATE_TEST_SUITE_P(Cpu, HopperBwdOrder, ::testing::Values(
 // clang-format on
 
 TEST(HopperBwdOrderChoice, TheLauncherPicksTheTimedOrders) {
-  auto chosen = [](const OrderCase& c) {
-    const BwdParams p = params_of(c);
+  auto chosen = [](int d_tile, bool causal, bool det, int sms, BwdOrderKnobs knobs = {}) {  // 64 key blocks
+    const BwdParams p = params_of({"", 4, 8, 8, 8192, 8192, d_tile, causal, det, sms, knobs});
     return std::make_tuple(p.key_band, p.head_group, p.det_rotate, p.det_reverse);
   };
-  // name, B, H, Hkv, I, J, d_tile, causal, det, sms: 64 key blocks
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, false, false, 132}), std::make_tuple(64, 0, false, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, false, true, 132}), std::make_tuple(64, 0, true, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, false, true, 20}), std::make_tuple(20, 0, true, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, false, true, 132, key_block_order()}), std::make_tuple(8, 0, false, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, false, true, 132, key_block_order()}), std::make_tuple(16, 0, false, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, true, false, 132}), std::make_tuple(1, 2, false, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 64, true, true, 132}), std::make_tuple(1, 16, false, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, true, true, 132}), std::make_tuple(1, 2, false, true));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, true, true, 132, key_block_order()}), std::make_tuple(1, 0, false, false));
-  EXPECT_EQ(chosen({"", 4, 8, 8, 8192, 8192, 128, true, true, 132, det_causal_groups(0)}), std::make_tuple(1, 0, false, false));
+  using T = std::tuple<int, int, bool, bool>;  // key_band, head_group, det_rotate, det_reverse
+  EXPECT_EQ(chosen(64, false, false, 132), T(64, 0, false, false));
+  EXPECT_EQ(chosen(64, false, true, 132), T(64, 0, true, false));
+  EXPECT_EQ(chosen(128, false, true, 20), T(20, 0, true, false));
+  EXPECT_EQ(chosen(64, false, true, 132, key_block_order()), T(8, 0, false, false));
+  EXPECT_EQ(chosen(128, false, true, 132, key_block_order()), T(16, 0, false, false));
+  EXPECT_EQ(chosen(64, true, false, 132), T(1, 2, false, false));
+  EXPECT_EQ(chosen(64, true, true, 132), T(1, 16, false, false));
+  EXPECT_EQ(chosen(128, true, true, 132), T(1, 2, false, true));
+  EXPECT_EQ(chosen(128, true, true, 132, key_block_order()), T(1, 0, false, false));
+  EXPECT_EQ(chosen(128, true, true, 132, det_causal_groups(0)), T(1, 0, false, false));
   // One key block: nothing to order.
-  EXPECT_EQ(chosen({"", 4, 8, 8, 100, 100, 64, false, true, 132}), std::make_tuple(1, 0, false, false));
+  const BwdParams one = params_of({"", 4, 8, 8, 100, 100, 64, false, true, 132});
+  EXPECT_EQ(T(one.key_band, one.head_group, one.det_rotate, one.det_reverse), T(1, 0, false, false));
 }
 
 TEST(HopperBwdOrderNegative, RotatedBandWiderThanTheSmsDeadlocks) {
