@@ -4,9 +4,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "model/fused/switch.h"
@@ -17,6 +19,18 @@ namespace flashcos::test {
 inline bool fused_kernels_on_gpu() {
   return torch::cuda::is_available() && flashcos::model::fused::kernels_compiled();
 }
+
+// A parameterised GPU case of a fused operator: skipped without fused_kernels_on_gpu(), and run with
+// FLASHCOS_POISON=1, so that every output starts as NaN and whatever a kernel leaves unwritten shows.
+template <typename Param>
+class PoisonedGpuTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    if (!fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+    setenv("FLASHCOS_POISON", "1", 1);
+  }
+  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
+};
 
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0) return 0.0;

@@ -57,14 +57,7 @@ TEST(FusedEmbedding, BadInputsNameTheProblem) {
   EXPECT_THROW(fused::embedding(at::zeros({2}, at::kLong), at::randn({4})), c10::Error);
 }
 
-class FusedEmbeddingCuda : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t, bool>> {
- protected:
-  void SetUp() override {
-    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
-    setenv("FLASHCOS_POISON", "1", 1);
-  }
-  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
-};
+class FusedEmbeddingCuda : public ft::PoisonedGpuTest<std::tuple<int64_t, int64_t, int64_t, bool>> {};
 
 TEST_P(FusedEmbeddingCuda, GradMatchesFloat64Sums) {
   const auto [N, V, C, preset] = GetParam();
@@ -92,14 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, FusedEmbeddingCuda,
 
 // The same backward twice, on the same inputs: bit-identical gradients (the kernels add in a fixed
 // order), fresh and added into a .grad. Skewed tokens: about 90% of them one byte, the rest uniform.
-class FusedEmbeddingCudaRepeat : public ::testing::TestWithParam<int64_t> {
- protected:
-  void SetUp() override {
-    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
-    setenv("FLASHCOS_POISON", "1", 1);
-  }
-  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
-};
+class FusedEmbeddingCudaRepeat : public ft::PoisonedGpuTest<int64_t> {};
 
 TEST_P(FusedEmbeddingCudaRepeat, GradIsBitIdenticalAcrossRuns) {
   const int64_t N = GetParam(), V = 256, C = 512;

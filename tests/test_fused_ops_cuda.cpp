@@ -52,14 +52,7 @@ std::string ln_name(const ::testing::TestParamInfo<LnCase>& info) {
          (c.bias != at::ScalarType::Undefined ? std::string("_bias") + dtype_name(c.bias) : "");
 }
 
-class AddLayerNormCuda : public ::testing::TestWithParam<LnCase> {
- protected:
-  void SetUp() override {
-    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
-    setenv("FLASHCOS_POISON", "1", 1);
-  }
-  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
-};
+class AddLayerNormCuda : public ft::PoisonedGpuTest<LnCase> {};
 
 TEST_P(AddLayerNormCuda, ForwardAndGradsVsFp64) {
   const LnCase c = GetParam();
@@ -164,14 +157,7 @@ std::string gelu_name(const ::testing::TestParamInfo<GeluCase>& info) {
          std::to_string(c.width);
 }
 
-class BiasGeluCuda : public ::testing::TestWithParam<GeluCase> {
- protected:
-  void SetUp() override {
-    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
-    setenv("FLASHCOS_POISON", "1", 1);
-  }
-  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
-};
+class BiasGeluCuda : public ft::PoisonedGpuTest<GeluCase> {};
 
 // h = gelu(y + b), dy and db against float64, bounded by twice the error of the composite (linear's
 // bias cast to the GEMM dtype and added there, at::gelu and its backward in that dtype, db summed
@@ -240,14 +226,7 @@ std::string ce_name(const ::testing::TestParamInfo<CeCase>& info) {
          std::to_string(c.vocab) + "_chunk" + std::to_string(c.chunk);
 }
 
-class ClassifierCrossEntropyCuda : public ::testing::TestWithParam<CeCase> {
- protected:
-  void SetUp() override {
-    if (!ft::fused_kernels_on_gpu()) GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
-    setenv("FLASHCOS_POISON", "1", 1);
-  }
-  void TearDown() override { unsetenv("FLASHCOS_POISON"); }
-};
+class ClassifierCrossEntropyCuda : public ft::PoisonedGpuTest<CeCase> {};
 
 TEST_P(ClassifierCrossEntropyCuda, LossAndGradsVsFp64) {
   const CeCase c = GetParam();
@@ -276,7 +255,9 @@ TEST_P(ClassifierCrossEntropyCuda, LossAndGradsVsFp64) {
     const at::Tensor cp = i < 3 ? comp[i].grad() : comp[i];
     ASSERT_TRUE(gg.defined()) << names[i];
     ASSERT_TRUE(ft::all_finite(gg)) << names[i];
-    if (i < 3) ASSERT_EQ(gg.scalar_type(), (i == 0 ? h : i == 1 ? w : b).scalar_type()) << names[i];
+    if (i < 3) {
+      ASSERT_EQ(gg.scalar_type(), (i == 0 ? h : i == 1 ? w : b).scalar_type()) << names[i];
+    }
     const double err = ft::max_abs_diff(gg, rf);
     const double bound = 2 * ft::max_abs_diff(cp, rf) + 4 * unit_eps(c.dtype) * ft::max_abs(rf) + 1e-7;
     EXPECT_LE(err, bound) << names[i] << ": max |ours - fp64| " << err << " > " << bound;
