@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/launch_templates.h"
 #include "attention/common/cuda/static_switch.h"
 
@@ -25,12 +26,6 @@ enum class Family { kHopper, kSm80Mma, kSimt };
 std::atomic<int64_t> g_hopper_fwd_launches{0}, g_hopper_bwd_launches{0};
 
 bool is_16bit(DType dtype) { return dtype == DType::kHalf || dtype == DType::kBFloat16; }
-
-// An on / off switch in the environment: on unless the variable's value starts with '0'.
-bool env_switch_on(const char* name) {
-  const char* env = std::getenv(name);
-  return env == nullptr || env[0] != '0';
-}
 
 // FLASHCOS_HOPPER=0 turns the Hopper family off (read once per process): for comparisons and for
 // running the sm_80 kernels' tests on a Hopper machine.

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/bwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/tuning.h"
 
@@ -25,8 +26,7 @@ namespace flashcos::cuda {
 inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
   static const hopper::BwdOrderKnobs knobs = [] {
     hopper::BwdOrderKnobs k;
-    const char* rotate = std::getenv("FLASHCOS_HOPPER_DET_ROTATE");
-    k.det_orders = rotate == nullptr || std::string(rotate) != "0";
+    k.det_orders = env_switch_on("FLASHCOS_HOPPER_DET_ROTATE");
     if (const char* band = std::getenv("FLASHCOS_HOPPER_DET_BAND")) k.det_band = std::max(0, std::atoi(band));
     const char* group = std::getenv("FLASHCOS_HOPPER_CAUSAL_GROUP");
     if (group != nullptr && std::atoi(group) >= 0) k.causal_group = std::atoi(group);
