@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [bwdkinds] [determinism] [coverage]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [quality-seeds] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [bwdkinds] [determinism] [coverage]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -29,6 +29,8 @@
 # determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
 # coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
 # (--mask-prob 0.1), a head bias with its gradient (--bias head), bf16 n 8192 causal.
+# quality-seeds: two programs (QUALITY_A_ENV, QUALITY_B_ENV) over QUALITY_SEEDS with the quality recipe, paired by seed,
+# and the mean (standard error) of their differences (the block below says more).
 # quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, unfused2, det, det2, unfused-det, seed, cosine, learned, fp16,
 # bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each; sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint (2048-raw: from the corpus unpacked, as data/enwik8 is).
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
@@ -167,9 +169,10 @@ fi
 # Validation bpc after QUALITY_STEPS (default 500) steps at seq 8192 (fused kernels, rope), for the seed's
 # recipe (lr 2e-4 constant) and the warmup + cosine recipe (lr 1e-3, 100 warmup steps, cosine to 0.1x),
 # each checkpoint evaluated on 64 evenly spaced validation windows; QUALITY_RUNS picks (seed cosine fp16).
+# QENV (words VAR=value, set for the call): the environment of that run's training.
 quality_run() {  # name, args...
   local name=$1; shift
-  "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --use-cuda-kernel --steps "${QUALITY_STEPS:-500}" \
+  env ${QENV:-} "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --use-cuda-kernel --steps "${QUALITY_STEPS:-500}" \
       --validate-every 100 --val-windows 16 --generate-every 0 --save-every 100000 --log-every 50 \
       --checkpoint-dir "$CK" --run "q-$name" "$@" > "$LOG/quality_$name.log" 2>&1
   local rc=$?
@@ -195,6 +198,33 @@ if has quality; then
       *=*) quality_run "${q%%=*}" $(echo "${q#*=}" | tr ',' ' ') ;;  # name=--flag,value,...: the default recipe plus those
     esac
   done
+fi
+
+# Two programs over seeds: for each of QUALITY_SEEDS (default 1 .. 6) the quality recipe under
+# QUALITY_A_ENV (default: nothing, the default program) and under QUALITY_B_ENV (default
+# FLASHCOS_FUSED_OPS=0, the composite ops), both with QUALITY_SEED_ARGS (e.g. --deterministic); then
+# per seed A - B at every 100 steps and on the 64-window eval, and over the seeds the mean of those
+# differences with its standard error. One program run twice differs by up to 0.1 bpc at step 500 on
+# this recipe (docs/performance.md, "Over seeds"): a single pair says little, six pairs resolve
+# about 0.04.
+if has quality-seeds; then
+  diffs="$LOG/quality_seeds_diffs.txt"
+  : > "$diffs"
+  bpcs() {  # name: the validation bpc /100 steps and the 64-window eval, on one line
+    echo "$(val_bpcs "$LOG/quality_$1.log") $(grep -oE '[0-9.]+ bits/char' "$LOG/quality_$1_eval.log" | grep -oE '^[0-9.]+')"
+  }
+  for seed in ${QUALITY_SEEDS:-1 2 3 4 5 6}; do
+    QENV="${QUALITY_A_ENV:-}" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+    QENV="${QUALITY_B_ENV-FLASHCOS_FUSED_OPS=0}" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+    d=$(paste -d ' ' <(bpcs "A-s$seed" | tr -s ' ' '\n' | sed '/^$/d') <(bpcs "B-s$seed" | tr -s ' ' '\n' | sed '/^$/d') |
+        awk 'NF == 2 {printf "%+.4f ", $1 - $2}')
+    row "  seed $seed: A - B" "$d"
+    echo "$d" >> "$diffs"
+  done
+  row "quality-seeds A - B: mean (s.e.)" "$(awk '{ for (i = 1; i <= NF; ++i) { s[i] += $i; q[i] += $i * $i } if (NF > m) m = NF; ++n }
+    END { for (i = 1; i <= m; ++i) { mu = s[i] / n; v = n > 1 ? (q[i] - n * mu * mu) / (n - 1) : 0; if (v < 0) v = 0;
+          printf "%+.4f (%.4f) ", mu, sqrt(v / n) } }' "$diffs")"
+  row "  (columns)" "steps 100, 200, ... then the 64-window eval; A: ${QUALITY_A_ENV:-default} B: ${QUALITY_B_ENV-FLASHCOS_FUSED_OPS=0}"
 fi
 
 # Sampling speed from the newest quality checkpoint: wall time of `sample --length` 2048 and 16384
