@@ -210,21 +210,21 @@ fi
 if has quality-seeds; then
   diffs="$LOG/quality_seeds_diffs.txt"
   : > "$diffs"
-  bpcs() {  # name: the validation bpc /100 steps and the 64-window eval, on one line
-    echo "$(val_bpcs "$LOG/quality_$1.log") $(grep -oE '[0-9.]+ bits/char' "$LOG/quality_$1_eval.log" | grep -oE '^[0-9.]+')"
+  env_a=${QUALITY_A_ENV:-} env_b=${QUALITY_B_ENV-FLASHCOS_FUSED_OPS=0}
+  bpcs() {  # name: the validation bpc /100 steps, then the 64-window eval, one a line
+    { val_bpcs "$LOG/quality_$1.log"; grep -oE '[0-9.]+ bits/char' "$LOG/quality_$1_eval.log"; } | grep -oE '[0-9]+\.[0-9]+'
   }
   for seed in ${QUALITY_SEEDS:-1 2 3 4 5 6}; do
-    QENV="${QUALITY_A_ENV:-}" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-    QENV="${QUALITY_B_ENV-FLASHCOS_FUSED_OPS=0}" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-    d=$(paste -d ' ' <(bpcs "A-s$seed" | tr -s ' ' '\n' | sed '/^$/d') <(bpcs "B-s$seed" | tr -s ' ' '\n' | sed '/^$/d') |
-        awk 'NF == 2 {printf "%+.4f ", $1 - $2}')
+    QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+    QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+    d=$(paste -d ' ' <(bpcs "A-s$seed") <(bpcs "B-s$seed") | awk 'NF == 2 {printf "%+.4f ", $1 - $2}')
     row "  seed $seed: A - B" "$d"
     echo "$d" >> "$diffs"
   done
   row "quality-seeds A - B: mean (s.e.)" "$(awk '{ for (i = 1; i <= NF; ++i) { s[i] += $i; q[i] += $i * $i } if (NF > m) m = NF; ++n }
     END { for (i = 1; i <= m; ++i) { mu = s[i] / n; v = n > 1 ? (q[i] - n * mu * mu) / (n - 1) : 0; if (v < 0) v = 0;
           printf "%+.4f (%.4f) ", mu, sqrt(v / n) } }' "$diffs")"
-  row "  (columns)" "steps 100, 200, ... then the 64-window eval; A: ${QUALITY_A_ENV:-default} B: ${QUALITY_B_ENV-FLASHCOS_FUSED_OPS=0}"
+  row "  (columns)" "steps 100, 200, ... then the 64-window eval; A: ${env_a:-default} B: ${env_b:-default}"
 fi
 
 # Sampling speed from the newest quality checkpoint: wall time of `sample --length` 2048 and 16384

@@ -87,11 +87,12 @@ INSTANTIATE_TEST_SUITE_P(Gpu, DeterministicBackward, ::testing::Values(
   DetCase{"hopper_bf16_d128_full",      at::kBFloat16, 2, 2, 2, 63, 2049, 128},
   // I = 1040: the last 64-row unit has 16 rows, its second column half's counter the head's spare.
   DetCase{"hopper_bf16_d128_full_1040", at::kBFloat16, 2, 3, 3, 1040, 2049, 128},
-  // Bands of 8 (d64) / 16 (d128) key blocks in the rotated order, 32 / 94 units per block.
+  // The rotated order (hopper::choose_bwd_order: one band of every key block here), 32 / 94 units per
+  // block.
   DetCase{"hopper_bf16_d64_full_4096",  at::kBFloat16, 1, 2, 2, 4096, 4096, 64},
   DetCase{"hopper_fp16_d128_gqa_3000",  at::kHalf,     1, 4, 2, 3000, 3000, 128},
-  // Causal in head groups, descending key-block order: keys past the rows (J > I), and rows with
-  // no key (I > J).
+  // Causal in head groups (d128: groups of 2, each block's steps backwards; d64: groups of 16, steps
+  // forwards): keys past the rows (J > I), and rows with no key (I > J).
   DetCase{"hopper_bf16_d128_causal_gqa_j_gt_i", at::kBFloat16, 1, 4, 2, 1000, 2300, 128, true},
   DetCase{"hopper_fp16_d64_causal_i_gt_j",      at::kHalf,     2, 2, 2, 1000, 700, 64, true},
   DetCase{"hopper_bf16_d96_causal",     at::kBFloat16, 1, 4, 2, 2049, 2049, 96, true},

@@ -51,6 +51,7 @@ constexpr int kBN = 128;  // keys per CTA
 
 int rows_per_step(const OrderCase& c) { return c.d_tile == 64 ? 128 : 64; }  // hopper_bwd_rows, variant 0
 
+// The kernel's first row block of a key block (bwd_hopper_ws.cuh: m_start), written again here.
 int m_start_of(const OrderCase& c, int n_block) {
   return c.causal ? std::max(0, n_block * kBN - (c.J - c.I)) / rows_per_step(c) : 0;
 }
@@ -146,8 +147,10 @@ TEST_P(HopperBwdOrder, CoversEveryUnitOnceAndAddsInOneOrder) {
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < c.H; ++h)
       for (int m = 0; m < m_blocks; ++m) {
-        int reaching = 0;  // key blocks with a key at or below these rows
-        for (int n = 0; n < n_blocks; ++n) reaching += m_start_of(c, n) <= m;
+        // Key blocks whose first key the row block's last row sees (diagonal J - I), counted
+        // without m_start_of, so that a wrong first row block there shows here.
+        int reaching = 0;
+        for (int n = 0; n < n_blocks; ++n) reaching += !c.causal || n * kBN <= (m + 1) * bm - 1 + (c.J - c.I);
         const Unit u{b, h, m * bm};
         EXPECT_EQ(int(first[u].size()), reaching)
             << c.name << ": unit (" << b << ", " << h / group << "/" << h << ", " << m << ")";

@@ -11,7 +11,6 @@
 //     address, and the biased backward with FLASHCOS_HOPPER_BWD_BIAS=0);
 //   * SIMT kernels for fp32 / fp64.
 #include <atomic>
-#include <cstdlib>
 #include <type_traits>
 
 #include "attention/cosine/cuda/env_switch.h"

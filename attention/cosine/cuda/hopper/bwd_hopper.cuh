@@ -6,7 +6,6 @@
 // inputs the TMA unit cannot address go to the sm_80 kernels (launch.cu).
 #pragma once
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -27,12 +26,9 @@ inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
   static const hopper::BwdOrderKnobs knobs = [] {
     hopper::BwdOrderKnobs k;
     k.det_orders = env_switch_on("FLASHCOS_HOPPER_DET_ROTATE");
-    if (const char* band = std::getenv("FLASHCOS_HOPPER_DET_BAND")) k.det_band = std::max(0, std::atoi(band));
-    const char* group = std::getenv("FLASHCOS_HOPPER_CAUSAL_GROUP");
-    if (group != nullptr && std::atoi(group) >= 0) k.causal_group = std::atoi(group);
-    if (const char* det_group = std::getenv("FLASHCOS_HOPPER_DET_CAUSAL_GROUP")) {
-      k.det_causal_group = std::max(0, std::atoi(det_group));
-    }
+    k.det_band = env_count("FLASHCOS_HOPPER_DET_BAND", k.det_band);
+    k.causal_group = env_count("FLASHCOS_HOPPER_CAUSAL_GROUP", k.causal_group);
+    k.det_causal_group = env_count("FLASHCOS_HOPPER_DET_CAUSAL_GROUP", k.det_causal_group);
     return k;
   }();
   return knobs;

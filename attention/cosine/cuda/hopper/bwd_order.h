@@ -74,7 +74,7 @@ struct BwdSteps {
 //   the last row block to their diagonal, so that the blocks of a group that start together reach
 //   each unit together and each trails the one below it by the time one add takes to be counted
 //   (forwards, block n would reach its diagonal n steps before block 0 and wait for it); at d 64,
-//   forwards in groups of 16 (the launcher, bwd_hopper.cuh, has the timings of both).
+//   forwards in groups of 16 (choose_bwd_order, below, has the timings of both).
 // * Rotated (w > 1; not causal): every key block of the earlier bands first (`first` of them).
 //   Inside a band of w key blocks, block r starts at unit rot(r) = floor(r n / w) of the n units and
 //   goes round (BwdSteps), and each unit takes the band's blocks in the order they reach it running
