@@ -51,7 +51,7 @@ void log_sdpa_backend(const torch::Tensor& q, const torch::Tensor& k, const torc
 // add_layer_norm.h), else libtorch ops.
 fused::AddLayerNormOut add_norm(const Residual& in, torch::nn::LayerNorm& norm) {
   const torch::Tensor &x = in.x, &r = in.pending, &bias = in.pending_bias;
-  if (fused::fused_ops_enabled(x)) {
+  if (fused::fused_op_enabled(x, "norm")) {
     return fused::add_layer_norm(x, r, bias, norm->weight, norm->bias, norm->options.eps(), fused::activation_dtype(x));
   }
   // A bias comes only from the fused path (FLASHCOS_FUSED_OPS changed in between): r + bias first,
@@ -99,7 +99,7 @@ torch::nn::Embedding make_embedding(int64_t count, int64_t dim, bool initialise)
 // libtorch's linear (under autocast, a cast of the weights on every call).
 torch::Tensor project(const torch::Tensor& x, fused::WeightCopy& copy, const std::vector<torch::Tensor>& weights) {
   const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
-  if (x.is_cuda() && half && weights[0].scalar_type() == at::kFloat && fused::fused_ops_enabled(x) &&
+  if (x.is_cuda() && half && weights[0].scalar_type() == at::kFloat && fused::fused_op_enabled(x, "copies") &&
       fused::weight_copies_enabled()) {
     return fused::linear_from_copy(x, copy.get(weights, x.scalar_type()), weights);
   }
@@ -269,7 +269,7 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, bool initialise) {
 Residual BlockImpl::forward(const Residual& in) {
   auto a = add_norm(in, norm_attn_);
   auto f = add_norm({a.sum, attn_(a.normed), {}}, norm_ff_);
-  if (!fused::fused_ops_enabled(f.normed)) return {f.sum, ff_out_(F::gelu(ff_in_(f.normed))), {}};
+  if (!fused::fused_op_enabled(f.normed, "gelu")) return {f.sum, ff_out_(F::gelu(ff_in_(f.normed))), {}};
   // Both feed-forward GEMMs without their biases: ff_in's joins its GELU in one op each way
   // (model/fused/bias_gelu.h, whose backward also sums its gradient), ff_out's rides along to the
   // next add + LayerNorm, which adds it and sums its gradient (model/fused/add_layer_norm.h).
@@ -329,7 +329,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
 Residual GPTImpl::trunk(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   // On the fused path the table's gradient comes from two kernels (model/fused/embedding.h).
-  auto x = fused::fused_ops_enabled(tokens) ? fused::embedding(tokens, token_emb_->weight) : token_emb_(tokens);
+  auto x = fused::fused_op_enabled(tokens, "embedding") ? fused::embedding(tokens, token_emb_->weight) : token_emb_(tokens);
   if (cfg_.pos == "learned") {
     TORCH_CHECK(T <= cfg_.max_seq_len, "GPT: sequence of ", T, " tokens is longer than max_seq_len ",
                 cfg_.max_seq_len, " (learned positions)");
@@ -374,7 +374,7 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& window) {
   auto target = window.slice(1, 1, window.size(1));
   const auto r = trunk(input);
   const auto h = add_norm(r, norm_out_).normed;  // in the classifier's dtype
-  if (fused::fused_ops_enabled(h)) {
+  if (fused::fused_op_enabled(h, "classifier")) {
     // The chunked classifier + cross-entropy: the float32 (B T, 256) logits are never written.
     return fused::classifier_cross_entropy(h, to_logits_->weight, to_logits_->bias, target.reshape({-1}),
                                            h.scalar_type());

@@ -327,4 +327,26 @@ TEST(FusedOpsSwitch, CpuTensorsTakeTheCompositePath) {
   EXPECT_FALSE(fused::fused_ops_enabled(at::randn({2, 8})));
 }
 
+TEST(FusedOpsSwitch, AListFusesOnlyTheOperatorsItNames) {
+  fused::FusedOpsOnCpuForTesting on;
+  const at::Tensor t = at::randn({2, 8});
+  const char* ops[] = {"norm", "gelu", "embedding", "classifier", "copies"};
+  for (const char* all : {"", "1"}) {  // unset, then 1: every operator
+    if (*all) setenv("FLASHCOS_FUSED_OPS", all, 1);
+    for (const char* op : ops) EXPECT_TRUE(fused::fused_op_enabled(t, op)) << op << " under '" << all << "'";
+  }
+  setenv("FLASHCOS_FUSED_OPS", "gelu,classifier", 1);
+  for (const char* op : ops) {
+    const bool listed = std::string(op) == "gelu" || std::string(op) == "classifier";
+    EXPECT_EQ(fused::fused_op_enabled(t, op), listed) << op;
+  }
+  EXPECT_TRUE(fused::fused_ops_enabled(t)) << "a list keeps the fused structure";
+  setenv("FLASHCOS_FUSED_OPS", "norm", 1);
+  EXPECT_FALSE(fused::fused_op_enabled(t, "nor")) << "items match whole";
+  EXPECT_TRUE(fused::fused_op_enabled(t, "norm"));
+  setenv("FLASHCOS_FUSED_OPS", "0", 1);
+  for (const char* op : ops) EXPECT_FALSE(fused::fused_op_enabled(t, op)) << op;
+  unsetenv("FLASHCOS_FUSED_OPS");
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace flashcos::model::fused {
 namespace {
@@ -27,6 +28,15 @@ bool fused_ops_enabled(const at::Tensor& t) {
   if (!device_ok) return false;
   const char* env = std::getenv("FLASHCOS_FUSED_OPS");
   return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+bool fused_op_enabled(const at::Tensor& t, const char* op) {
+  if (!fused_ops_enabled(t)) return false;
+  const char* env = std::getenv("FLASHCOS_FUSED_OPS");
+  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
+  // A comma-separated list: op must be one of its items.
+  const std::string list = std::string(",") + env + ",";
+  return list.find(std::string(",") + op + ",") != std::string::npos;
 }
 
 bool weight_copies_enabled() {

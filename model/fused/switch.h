@@ -2,6 +2,11 @@
 // the CUDA kernels, unless FLASHCOS_FUSED_OPS=0 is set (read on every call, for comparisons
 // between the fused and the composite step in one build). CPU tensors always take the composite
 // libtorch ops, so CPU training is unchanged (tests can lift that, below).
+// FLASHCOS_FUSED_OPS may instead list the operators to fuse, comma-separated, out of
+//   norm (residual add + LayerNorm), gelu (the feed-forward's bias + GELU, with ff_out's bias carried
+//   to the next norm), embedding (the token table's gradient kernels), classifier (classifier +
+//   cross-entropy), copies (the projections from weight copies, below),
+// the others taking their composite ops (to find which one moves a result); unset or 1: all.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +15,9 @@ namespace flashcos::model::fused {
 
 bool kernels_compiled();
 bool fused_ops_enabled(const at::Tensor& t);
+// fused_ops_enabled(t), and `op` (norm, gelu, embedding, classifier, copies) not left out of a list
+// in FLASHCOS_FUSED_OPS.
+bool fused_op_enabled(const at::Tensor& t, const char* op);
 // Whether the fused path's projections run from weight copies with their gradients accumulated by
 // the GEMM (model/fused/linear.h); FLASHCOS_WEIGHT_COPIES=0 keeps libtorch's linear under autocast
 // there (read on every call, to time both in one build).
