@@ -204,26 +204,54 @@ fi
 # QUALITY_A_ENV (default: nothing, the default program) and under QUALITY_B_ENV (default
 # FLASHCOS_FUSED_OPS=0, the composite ops), both with QUALITY_SEED_ARGS (e.g. --deterministic); then
 # per seed A - B at every 100 steps and on the 64-window eval, and over the seeds the mean of those
-# differences with its standard error. One program run twice differs by up to 0.1 bpc at step 500 on
-# this recipe (docs/performance.md, "Over seeds"): a single pair says little, six pairs resolve
-# about 0.04.
+# differences with its standard error. QUALITY_SPREAD=1 also runs B a second time per seed and
+# reports B again - B the same way: what the same program gives against itself (no program is
+# bit-repeatable without --deterministic). QUALITY_GPUS (e.g. "0 1 2 3"): the seeds are dealt out
+# to those GPUs, one worker each. One program run twice differs by about 0.05 bpc (standard
+# deviation) at step 500 on this recipe (docs/performance.md, "Over seeds"): a single pair says
+# little, 20 pairs resolve about 0.03.
 if has quality-seeds; then
-  diffs="$LOG/quality_seeds_diffs.txt"
-  : > "$diffs"
+  diffs="$LOG/quality_seeds_diffs.txt" spread="$LOG/quality_seeds_spread.txt"
+  : > "$diffs"; : > "$spread"
   env_a=${QUALITY_A_ENV:-} env_b=${QUALITY_B_ENV-FLASHCOS_FUSED_OPS=0}
   bpcs() {  # name: the validation bpc /100 steps, then the 64-window eval, one a line
     { val_bpcs "$LOG/quality_$1.log"; grep -oE '[0-9.]+ bits/char' "$LOG/quality_$1_eval.log"; } | grep -oE '[0-9]+\.[0-9]+'
   }
-  for seed in ${QUALITY_SEEDS:-1 2 3 4 5 6}; do
-    QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-    QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-    d=$(paste -d ' ' <(bpcs "A-s$seed") <(bpcs "B-s$seed") | awk 'NF == 2 {printf "%+.4f ", $1 - $2}')
-    row "  seed $seed: A - B" "$d"
-    echo "$d" >> "$diffs"
-  done
-  row "quality-seeds A - B: mean (s.e.)" "$(awk '{ for (i = 1; i <= NF; ++i) { s[i] += $i; q[i] += $i * $i } if (NF > m) m = NF; ++n }
-    END { for (i = 1; i <= m; ++i) { mu = s[i] / n; v = n > 1 ? (q[i] - n * mu * mu) / (n - 1) : 0; if (v < 0) v = 0;
-          printf "%+.4f (%.4f) ", mu, sqrt(v / n) } }' "$diffs")"
+  minus() { paste -d ' ' <(bpcs "$1") <(bpcs "$2") | awk 'NF == 2 {printf "%+.4f ", $1 - $2}'; }
+  seeds_worker() {  # seeds...: each seed's runs, its differences appended to the files as "seed d..."
+    local seed
+    for seed in "$@"; do
+      QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+      QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+      echo "$seed $(minus "A-s$seed" "B-s$seed")" >> "$diffs"
+      if [ "${QUALITY_SPREAD:-0}" = 1 ]; then
+        QENV="$env_b" quality_run "B2-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+        echo "$seed $(minus "B2-s$seed" "B-s$seed")" >> "$spread"
+      fi
+    done
+  }
+  read -ra qseeds <<< "${QUALITY_SEEDS:-1 2 3 4 5 6}"
+  read -ra qgpus <<< "${QUALITY_GPUS:-}"
+  if [ ${#qgpus[@]} -le 1 ]; then
+    CUDA_VISIBLE_DEVICES=${qgpus[0]:-${CUDA_VISIBLE_DEVICES:-}} seeds_worker "${qseeds[@]}"
+  else
+    for g in "${!qgpus[@]}"; do
+      mine=(); for i in "${!qseeds[@]}"; do [ $(( i % ${#qgpus[@]} )) -eq "$g" ] && mine+=("${qseeds[$i]}"); done
+      CUDA_VISIBLE_DEVICES=${qgpus[$g]} seeds_worker "${mine[@]}" > /dev/null 2>&1 &
+    done
+    wait
+  fi
+  mean_se() {  # file of "seed d...": mean (standard error) of each column of d over the lines
+    awk '{ for (i = 2; i <= NF; ++i) { s[i] += $i; q[i] += $i * $i } if (NF > m) m = NF; ++n }
+      END { for (i = 2; i <= m; ++i) { mu = s[i] / n; v = n > 1 ? (q[i] - n * mu * mu) / (n - 1) : 0; if (v < 0) v = 0;
+            printf "%+.4f (%.4f) ", mu, sqrt(v / n) } }' "$1"
+  }
+  while read -r seed d; do row "  seed $seed: A - B" "$d"; done < <(sort -n "$diffs")
+  row "quality-seeds A - B: mean (s.e.)" "$(mean_se "$diffs")"
+  if [ -s "$spread" ]; then
+    while read -r seed d; do row "  seed $seed: B again - B" "$d"; done < <(sort -n "$spread")
+    row "quality-seeds B again - B: mean (s.e.)" "$(mean_se "$spread")"
+  fi
   row "  (columns)" "steps 100, 200, ... then the 64-window eval; A: ${env_a:-default} B: ${env_b:-default}"
 fi
 
