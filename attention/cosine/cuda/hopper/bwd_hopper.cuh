@@ -71,23 +71,11 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     }
     BwdParams banded = p;
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
-    auto launch = [&](auto kernel, size_t smem) {
-      return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, smem, stream, maps, banded);
-    };
-    if constexpr (kTmaDq && D == 128) {
-      // The deterministic d 128 backward with two dQ staging tiles per consumer (BwdWsTile), unless
-      // FLASHCOS_HOPPER_DET_DQ_BUFS=1.
-      static const int det_dq_bufs = env_count("FLASHCOS_HOPPER_DET_DQ_BUFS", 2);
-      if (det && p.bias == nullptr && det_dq_bufs == 2) {
-        return launch(hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, false, 2>,
-                      hopper::BwdWsTile<D, BM, kTmaDq, 2>::kSmem);
-      }
-    }
     auto kernel = p.bias != nullptr ? (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>)
                                     : (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>);
-    return launch(kernel, Tile::kSmem);
+    return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
   }
 }
 

@@ -64,12 +64,11 @@
 
 namespace flashcos::cuda::hopper {
 
-template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false,
-          int kDqBufs = 1>
-__global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq, kDqBufs>::kThreads, 1)
+template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false>
+__global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = BwdWsTile<D, BM, kTmaDq, kDqBufs>;
+  using Tile = BwdWsTile<D, BM, kTmaDq>;
   constexpr int kBN = Tile::kBN, kBM = Tile::kBM;
   constexpr int kKT = D / 16;
   constexpr int kMT = kBM / 16;
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq, kDqBufs>::kThreads, 1
   unsigned char* sQ = sV + Tile::kKBytes;              // kStages stages
   unsigned char* sdO = sQ + kStages * Tile::kQBytes;   // kStages stages
   unsigned char* sdS = sdO + kStages * Tile::kQBytes;  // 2 buffers
-  unsigned char* sdQ = sdS + 2 * Tile::kSBytes;        // kTmaDq: kDqBufs dQ parts per consumer
+  unsigned char* sdQ = sdS + 2 * Tile::kSBytes;        // kTmaDq: one dQ part per consumer
   float* sRowC = reinterpret_cast<float*>(sdQ + Tile::kDqBytes);  // (kStages, kStatSlots), Tile::stat_slot
   float* sDelta = sRowC + kStages * Tile::kStatSlots;                // (kStages, kStatSlots)
   uint64_t* bar_full = reinterpret_cast<uint64_t*>(sDelta + kStages * Tile::kStatSlots);
@@ -98,10 +97,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq, kDqBufs>::kThreads, 1
   uint64_t* bar_ds_full = bar_empty + kStages;
   uint64_t* bar_ds_empty = bar_ds_full + 2;
   uint64_t* bar_kv = bar_ds_empty + 2;
-  // kTmaDq, per staging tile c kDqBufs + buf: consumer c stored its dQ part there (128 arrivals) /
-  // the producer's reduction has read it (1 arrival).
-  uint64_t* bar_dq_full = bar_kv + 1;
-  uint64_t* bar_dq_empty = bar_dq_full + 2 * kDqBufs;
+  uint64_t* bar_dq_full = bar_kv + 1;       // kTmaDq: consumer c stored its dQ part (128 arrivals)
+  uint64_t* bar_dq_empty = bar_dq_full + 2;  // the producer's reduction has read it (1 arrival)
 
   // wg (and warp) broadcast from lane 0: the compiler then knows them warp-uniform and keeps the
   // wgmma descriptors built from them in uniform registers.
@@ -136,7 +133,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq, kDqBufs>::kThreads, 1
     }
     mbar_init(bar_kv, 1);
 #pragma unroll
-    for (int s = 0; s < 2 * kDqBufs; ++s) {
+    for (int s = 0; s < 2; ++s) {
       mbar_init(bar_dq_full + s, 128);
       mbar_init(bar_dq_empty + s, 1);
     }
@@ -204,17 +201,16 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq, kDqBufs>::kThreads, 1
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
     if (tid % 128 == 0) dq_unit_done(dq_unit_counter(p.dq_semaphore, b, H, steps.h(it), I, unit_rows0(it)) + (kSplitRows ? 0 : c));
   };
-  auto hand_off_dq = [&](int k) {  // step k's part
+  auto hand_off_dq = [&] {
     fence_proxy_async();
-    mbar_arrive(bar_dq_full + c * kDqBufs + k % kDqBufs);
+    mbar_arrive(bar_dq_full + c);
   };
   auto flush_dq = [&](int it) {
     if constexpr (kTmaDq) {
-      // This consumer's part into its staging tile it % kDqBufs (SW128, fp32: 4 floats per 16-byte
-      // chunk), for the producer's reduction; its reduction of step it - kDqBufs must have read it.
-      const int slot = c * kDqBufs + it % kDqBufs;
-      if (it >= kDqBufs) mbar_wait(bar_dq_empty + slot, ((it - kDqBufs) / kDqBufs) & 1);
-      unsigned char* tile = sdQ + slot * Tile::kDqTileBytes;
+      // This consumer's part into its staging tile (SW128, fp32: 4 floats per 16-byte chunk), for
+      // the producer's reduction; its reduction of step it - 1 must have read the tile.
+      if (it > 0) mbar_wait(bar_dq_empty + c, (it - 1) & 1);
+      unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
 #pragma unroll
       for (int e0 = 0; e0 < 2; ++e0) {
         const int r = warp * 16 + g + 8 * e0;
@@ -367,7 +363,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq, kDqBufs>::kThreads, 1
     // reduction now: by here the stores have long completed, and the proxy fence does not wait for
     // them (right behind them it did: ncu, 7 % of the consumers' stall samples). Before the row
     // stats' loads below, which the fence would wait for.
-    if (kTmaDq && kPrev && it >= 2) hand_off_dq(it - 2);
+    if (kTmaDq && kPrev && it >= 2) hand_off_dq();
     // The rows' c_i into registers while S^T runs (loaded at their use, their latency stalled
     // the exponentials: ncu short-scoreboard stalls). Row 8 q + 2 t + h is rc[2 q + h]; with
     // 128-row steps only the first 32 rows' (more spilled), the rest loaded in the loop.
@@ -525,9 +521,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq, kDqBufs>::kThreads, 1
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(rdQ);
-    if (kTmaDq && last >= 1) hand_off_dq(last - 1);  // flushed in the last step
+    if (kTmaDq && last >= 1) hand_off_dq();  // dQ(last - 1), flushed in the last step
     flush_dq(last);
-    if (kTmaDq) hand_off_dq(last);
+    if (kTmaDq) hand_off_dq();
     if (kDet && !kTmaDq) count_unit(last);
   }
 

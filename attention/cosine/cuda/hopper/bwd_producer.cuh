@@ -24,10 +24,7 @@ struct BwdTmaMaps {
   CUtensorMap dq;  // kTmaDq: the fp32 accumulator, 64-row x 32-column boxes (make_f32_sw128_map)
 };
 
-// kDqBufs: dQ staging tiles per consumer (kTmaDq). With 2 a consumer can store step k's part while
-// the reductions of k - 1 and k - 2 are still pending, which the deterministic mode's waits for a
-// unit's turn need (d 128 only: at d 64 a second pair of tiles does not fit).
-template <int D, int BM, bool kTmaDq, int kDqBufs = 1>
+template <int D, int BM, bool kTmaDq>
 struct BwdWsTile {
   // Head dims below D run on the same tiles: their operands' columns past p.D load as zeros (TMA),
   // and nothing past p.D is stored (bwd_hopper_ws_kernel); 16 / 32 on d 64, 80 / 96 on d 128.
@@ -46,11 +43,9 @@ struct BwdWsTile {
   // kTmaDq: each consumer's 64 x 64 fp32 part of dQ, as two SW128 boxes of 64 rows x 32 columns.
   static constexpr int kDqBoxBytes = 64 * 32 * 4;
   static constexpr int kDqTileBytes = 2 * kDqBoxBytes;
-  static_assert(kDqBufs == 1 || (kTmaDq && kDqBufs == 2), "one or two dQ staging tiles per consumer");
-  static constexpr int kDqBufs_ = kDqBufs;
-  static constexpr int kDqBytes = kTmaDq ? 2 * kDqBufs * kDqTileBytes : 0;
+  static constexpr int kDqBytes = kTmaDq ? 2 * kDqTileBytes : 0;
   static_assert(!kTmaDq || kNQ == 64, "a consumer's dQ part is 64 columns");
-  static constexpr int kBarriers = 2 * kStages + 5 + 4 * kDqBufs;
+  static constexpr int kBarriers = 2 * kStages + 9;
   // Row stats (c_i, D_i) of a stage in shared memory, ordered by the consumer thread that reads them:
   // rows 8 q + 2 t + h (q < kBM / 8, h < 2) of quad lane t at t kStatStride + 2 q + h, so that each
   // thread's are contiguous (float4 loads); the 4 floats of padding per t keep those loads free of
@@ -120,20 +115,18 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
     if constexpr (kDet && kDetAhead) {
       if (row0 < I) wait_turn();
     }
-    constexpr int kBufs = Tile::kDqBufs_;
-    const int slot = cc * kBufs + k % kBufs;  // staging tile and barriers of consumer cc, step k
-    mbar_wait(bar_dq_full + slot, (k / kBufs) & 1);
+    mbar_wait(bar_dq_full + cc, k & 1);
     if (row0 < I) {
       if constexpr (kDet && !kDetAhead) wait_turn();
 #pragma unroll
       for (int box = 0; box < 2; ++box)
         if (box < boxes)
-          tma_reduce_add_4d(&maps.dq, sdQ + slot * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
+          tma_reduce_add_4d(&maps.dq, sdQ + cc * Tile::kDqTileBytes + box * Tile::kDqBoxBytes, col0 + 32 * box,
                             row0, h, b);
     }
     bulk_commit();
     bulk_wait_read<0>();
-    mbar_arrive(bar_dq_empty + slot);
+    mbar_arrive(bar_dq_empty + cc);
     if constexpr (kDet) pending = counter;
   }
   bulk_wait<0>();
