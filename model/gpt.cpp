@@ -99,8 +99,7 @@ torch::nn::Embedding make_embedding(int64_t count, int64_t dim, bool initialise)
 // libtorch's linear (under autocast, a cast of the weights on every call).
 torch::Tensor project(const torch::Tensor& x, fused::WeightCopy& copy, const std::vector<torch::Tensor>& weights) {
   const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
-  if (x.is_cuda() && half && weights[0].scalar_type() == at::kFloat && fused::fused_op_enabled(x, "copies") &&
-      fused::weight_copies_enabled()) {
+  if (x.is_cuda() && half && weights[0].scalar_type() == at::kFloat && fused::fused_op_enabled(x, "copies")) {
     return fused::linear_from_copy(x, copy.get(weights, x.scalar_type()), weights);
   }
   return F::linear(x, weights.size() == 1 ? weights[0] : torch::cat(weights, 0));

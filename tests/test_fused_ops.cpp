@@ -347,6 +347,10 @@ TEST(FusedOpsSwitch, AListFusesOnlyTheOperatorsItNames) {
   setenv("FLASHCOS_FUSED_OPS", "0", 1);
   for (const char* op : ops) EXPECT_FALSE(fused::fused_op_enabled(t, op)) << op;
   unsetenv("FLASHCOS_FUSED_OPS");
+  // FLASHCOS_WEIGHT_COPIES=0: copies off, every other operator on.
+  setenv("FLASHCOS_WEIGHT_COPIES", "0", 1);
+  for (const char* op : ops) EXPECT_EQ(fused::fused_op_enabled(t, op), std::string(op) != "copies") << op;
+  unsetenv("FLASHCOS_WEIGHT_COPIES");
 }
 
 }  // namespace

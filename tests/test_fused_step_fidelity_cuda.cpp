@@ -32,6 +32,7 @@
 #include "model/gpt.h"
 #include "model/optim.h"
 #include "model/train_graph.h"
+#include "tests/attention_test_util.h"
 #include "tests/fused_ops_test_util.h"
 
 namespace {
@@ -79,11 +80,6 @@ fm::GPT make_model(const Program& p) {
   return model;
 }
 
-double rel(const at::Tensor& a, const at::Tensor& ref) {
-  const at::Tensor r = ref.to(at::kDouble);
-  return (a.to(at::kDouble) - r).norm().item<double>() / std::max(r.norm().item<double>(), 1e-30);
-}
-
 at::Tensor flat(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> parts;
   for (const auto& t : ts) parts.push_back(t.detach().to(at::kDouble).reshape(-1));
@@ -123,15 +119,15 @@ TEST(FusedStepFidelityCuda, GradientsAreAsCloseToFloat64AsTheCompositeStep) {
   std::printf("  %-36s %12s %12s\n", "gradient, |g - g64| / |g64|", "fused", "composite");
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_TRUE(ft::all_finite(fused[i])) << names[i];
-    const double f = rel(fused[i], ref[i]), c = rel(composite[i], ref[i]);
+    const double f = ft::rel_err(fused[i], ref[i]), c = ft::rel_err(composite[i], ref[i]);
     std::printf("  %-36s %12.3e %12.3e\n", names[i].c_str(), f, c);
     EXPECT_LE(f, 2 * c + 2e-3) << names[i];
   }
-  const double f = rel(flat(fused), flat(ref)), c = rel(flat(composite), flat(ref));
+  const double f = ft::rel_err(flat(fused), flat(ref)), c = ft::rel_err(flat(composite), flat(ref));
   std::printf("  %-36s %12.3e %12.3e\n", "all parameters", f, c);
   EXPECT_LE(f, 1.2 * c + 1e-3) << "all parameters";
   for (const Program& p : kOneOp) {
-    const double one = rel(flat(grads_at_init(p, window)), flat(ref));
+    const double one = ft::rel_err(flat(grads_at_init(p, window)), flat(ref));
     std::printf("  %-36s %12.3e\n", (std::string("all parameters, ") + p.name).c_str(), one);
     EXPECT_LE(one, 1.2 * c + 1e-3) << p.name;
   }

@@ -32,16 +32,15 @@ bool fused_ops_enabled(const at::Tensor& t) {
 
 bool fused_op_enabled(const at::Tensor& t, const char* op) {
   if (!fused_ops_enabled(t)) return false;
+  if (std::strcmp(op, "copies") == 0) {
+    const char* copies = std::getenv("FLASHCOS_WEIGHT_COPIES");
+    if (copies != nullptr && std::strcmp(copies, "0") == 0) return false;
+  }
   const char* env = std::getenv("FLASHCOS_FUSED_OPS");
   if (env == nullptr || std::strcmp(env, "1") == 0) return true;
   // A comma-separated list: op must be one of its items.
   const std::string list = std::string(",") + env + ",";
   return list.find(std::string(",") + op + ",") != std::string::npos;
-}
-
-bool weight_copies_enabled() {
-  const char* env = std::getenv("FLASHCOS_WEIGHT_COPIES");
-  return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 at::ScalarType activation_dtype(const at::Tensor& t) {

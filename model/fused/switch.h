@@ -16,12 +16,10 @@ namespace flashcos::model::fused {
 bool kernels_compiled();
 bool fused_ops_enabled(const at::Tensor& t);
 // fused_ops_enabled(t), and `op` (norm, gelu, embedding, classifier, copies) not left out of a list
-// in FLASHCOS_FUSED_OPS.
+// in FLASHCOS_FUSED_OPS. copies: the fused path's projections run from weight copies with their
+// gradients accumulated by the GEMM (model/fused/linear.h); FLASHCOS_WEIGHT_COPIES=0 also turns
+// that one off (libtorch's linear under autocast there).
 bool fused_op_enabled(const at::Tensor& t, const char* op);
-// Whether the fused path's projections run from weight copies with their gradients accumulated by
-// the GEMM (model/fused/linear.h); FLASHCOS_WEIGHT_COPIES=0 keeps libtorch's linear under autocast
-// there (read on every call, to time both in one build).
-bool weight_copies_enabled();
 // The dtype the layer after a norm computes in: autocast's dtype where autocast is on for t's
 // device, else t's own. The fused norms write their output in it (no separate cast pass).
 at::ScalarType activation_dtype(const at::Tensor& t);
