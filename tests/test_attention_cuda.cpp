@@ -5,7 +5,8 @@
 // same (dtype-rounded) inputs, through autograd (the CPU suite pins that reference to explicit
 // float64 loops). Tolerances, relative Frobenius error:
 //   f64: 1e-10.  f32: 1e-5.  f16 / bf16: 2x the error of the plain implementation run in the same
-//   dtype on the same inputs (+ a floor of eps / 4 for errors that round to nothing).
+//   dtype on the same inputs (+ a floor of eps / 4 for errors that round to nothing); with one key
+//   per row, where the plain ops are exact, the rounding bound of the Hopper forward's normaliser.
 // FLASHCOS_POISON=1 is set, so every output is NaN before the kernels write it; rows with nothing
 // to attend must give exactly 0 output and 0 dq; nothing may be NaN / inf.
 // Which family ran is checked per direction: on a compute capability 9.0 device every 16-bit
@@ -288,6 +289,19 @@ TEST_P(FusedAttention, MatchesFloat64Reference) {
     const Errors be = errors_vs(run_api(c, in, /*fused=*/false, prm.dtype), ref, c.scale);
     const double floor = dtype_eps(prm.dtype) / 4;
     tol = {2 * be.o + floor, 2 * be.dq + floor, 2 * be.dk + floor, 2 * be.dv + floor, 2 * be.dbias + floor};
+    if (c.J == 1) {
+      // One key per row: the plain ops give o = v and dq = dk = 0 exactly. The Hopper forward divides
+      // P V by the fp32 sum of the unrounded P (hopper/fwd_hopper_ws.cuh), so o = v (1 + d), d one
+      // rounding of p, then o's own rounding: |o - v| <= eps |v| per element. The backward's
+      // dS = dO . (v - o) is then that rounding, |dq|, |dk| <= scale eps |dO| max |v_row|: 1e3 eps
+      // max |v_row| of grad_err's floor (1e-3 scale |dv|, and dv = dO here). A wrong gradient is
+      // O(scale |dO| |v| / sqrt(D)): 1e3 |v| / sqrt(D) of the floor.
+      const double eps = dtype_eps(prm.dtype);
+      const double v_row_max = in.v.abs().max().item<double>() * std::sqrt(double(c.D));
+      tol.o = std::max(tol.o, eps);
+      tol.dq = std::max(tol.dq, 1e3 * eps * v_row_max);
+      tol.dk = std::max(tol.dk, 1e3 * eps * v_row_max);
+    }
     std::printf("[ errors   ] %-34s %-4s fused o %.2e dq %.2e dk %.2e dv %.2e db %.2e | plain o %.2e dq %.2e dk %.2e dv %.2e db %.2e\n",
                 c.name.c_str(), dtype_name(prm.dtype).c_str(), err.o, err.dq, err.dk, err.dv, err.dbias, be.o,
                 be.dq, be.dk, be.dv, be.dbias);

@@ -120,7 +120,10 @@ TEST_P(QkvAttentionCuda, FastPathMatchesFloat64Reference) {
 
     const PartErr e = errors_vs(fast, ref, H, 10.0), be = errors_vs(base, ref, H, 10.0);
     const double vanish = T == 1 ? vanishing_grad_tol(dt) : 0.0;
-    EXPECT_LE(e.o, 2 * be.o + floor) << "o";
+    // T = 1: plain gives o = v exactly; the fused forward divides by the fp32 sum of the unrounded P,
+    // o = v (1 + d) with d one rounding of p, then o's own rounding (test_attention_cuda.cpp).
+    const double o_floor = T == 1 ? dtype_eps(dt) : floor;
+    EXPECT_LE(e.o, 2 * be.o + o_floor) << "o";
     EXPECT_LE(e.dq, std::max(2 * be.dq + floor, vanish)) << "dq";
     EXPECT_LE(e.dk, std::max(2 * be.dk + floor, vanish)) << "dk";
     EXPECT_LE(e.dv, 2 * be.dv + floor) << "dv";

@@ -17,18 +17,22 @@
 namespace flashcos::cuda {
 
 // Which Hopper forward runs (FLASHCOS_HOPPER_FWD, read once): "ws-overlap" (default) the
-// warp-specialised kernel with its overlapped schedule, "ws" the same without the overlap,
-// "ws-packed" the default with d 128's l summed from the packed P (FwdL::kPackedSum; the default
-// takes it from an n8 wgmma). d 128 with a bias runs without the overlap whatever the choice:
-// overlapped, S_j, P_{j-1}, O, l and the block's 64 bias values would live in registers at once
+// warp-specialised kernel with its overlapped schedule, "ws" the same without the overlap; o divided
+// by the fp32 sum of the unrounded P in both. "ws-rounded" the default schedule dividing by the sum
+// of the 16-bit P from the tensor cores (d 64 ones columns, d 128 an n8 wgmma: the default until
+// 2026-11-27), "ws-packed" that sum from the packed P (FwdL::kPackedSum, d 128). d 128 with a bias
+// runs without the overlap whatever the choice: overlapped, S_j, P_{j-1}, O, l and the block's 64 bias values would live in registers at once
 // (228 of the 240), and ptxas spills 140 to 350 bytes; without the overlap nothing spills. The bias
 // forward is bound by the bias's bandwidth anyway (fwd_logits.cuh). Not timed yet.
-enum class HopperFwdKind { kOverlap, kPlain, kOverlapPackedSum };
+enum class HopperFwdKind { kOverlap, kPlain, kOverlapPackedSum, kOverlapRounded };
 inline HopperFwdKind hopper_fwd_kind() {
   static const HopperFwdKind kind = [] {
     const char* env = std::getenv("FLASHCOS_HOPPER_FWD");
     const std::string s = env != nullptr ? env : "";
-    return s == "ws" ? HopperFwdKind::kPlain : s == "ws-packed" ? HopperFwdKind::kOverlapPackedSum : HopperFwdKind::kOverlap;
+    return s == "ws"             ? HopperFwdKind::kPlain
+           : s == "ws-packed"    ? HopperFwdKind::kOverlapPackedSum
+           : s == "ws-rounded"   ? HopperFwdKind::kOverlapRounded
+                                 : HopperFwdKind::kOverlap;
   }();
   return kind;
 }
@@ -39,7 +43,7 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
   const bool online = fwd_needs_online(p, std::is_same_v<T, __half>);
   if (p.bias != nullptr) {
     constexpr bool kBiasOverlap = kOverlap && D == 64;  // d 128: see hopper_fwd_kind
-    constexpr hopper::FwdL kBiasL = D == 64 ? L : hopper::kDefaultFwdL<D>;
+    constexpr hopper::FwdL kBiasL = D == 128 && L == hopper::FwdL::kPackedSum ? hopper::kDefaultFwdL<D> : L;
     return online ? launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, true>(p, stream)
                   : launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, false>(p, stream);
   }
@@ -57,6 +61,8 @@ cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
       return launch_fwd_hopper_case<T, D, false, kDefault>(p, stream);
     case HopperFwdKind::kOverlapPackedSum:
       return launch_fwd_hopper_case<T, D, true, kPacked>(p, stream);
+    case HopperFwdKind::kOverlapRounded:
+      return launch_fwd_hopper_case<T, D, true, hopper::kRoundedFwdL<D>>(p, stream);
     default:
       return launch_fwd_hopper_case<T, D, true, kDefault>(p, stream);
   }

@@ -7,10 +7,10 @@
 //   P = exp2(x)                       fixed offset (-scale log2e, + 15 for fp16): |q.k| <= 1 bounds x
 //   P = exp2(x - m), m the row max    kOnline: m grows block by block; O, l, lt are then rescaled
 //                                     by alpha = exp2(m_old - m_new) (fwd_logits.cuh)
-//   O = P [V | 1] / l                 wgmma, A = P (16-bit A fragments) from registers, B = V
-//                                     (N-major); l = the row sums of the 16-bit P
-// and the fp32 sum lt of the unrounded P per row for the backward (saved as l: lt 2^-15 for fp16's
-// fixed offset, lt 2^m with kOnline: the sum of exp(scale (q.k - 1) + bias), as the sm_80 kernel).
+//   O = P V / lt                      wgmma, A = P (16-bit A fragments) from registers, B = V
+//                                     (N-major); lt = the fp32 row sum of the unrounded P
+// and lt saved for the backward as l (lt 2^-15 for fp16's fixed offset, lt 2^m with kOnline: the sum
+// of exp(scale (q.k - 1) + bias), as the sm_80 kernel).
 //
 // CTA: warpgroup 0 is the producer (setmaxnreg gives its registers away; one thread issues every
 // TMA load), warpgroups 1 .. kWG own 64 query rows each (kBM = 64 kWG rows per CTA). Shared memory:
@@ -18,12 +18,15 @@
 //   bar_q        Q landed (transaction count)
 //   full[s]      K and V of stage s landed (transaction count, the producer's one arrival)
 //   empty[s]     every consumer warp finished reading stage s (4 kWG arrivals)
-// l: d 64 takes the row sums of the 16-bit P from 8 extra O columns (the P V wgmma reads its last 8
-// B columns one descriptor LBO past V, from one shared block of ones: the LBO is chosen per stage;
-// the sm_80 kernel does the same with a ones B fragment). d 128 has no shared memory left for 128 ones rows next to a third
-// stage: an extra m64n8k16 wgmma per k-step multiplies P by a 1 KB block of ones (FwdL below). Either
-// way l is the sum of the 16-bit P that P V uses (with the sum of the unrounded P, O of a one-key row
-// would not be exactly v).
+// The normaliser (FwdL below; since 2026-11-27 the fp32 sum lt of the unrounded P, as FlashAttention
+// and cuDNN divide): o = sum_j bf16(p_j) v_j / sum_j p_j, whose weights sum to 1 within the rounding
+// of P (a one-key row gives o = v (1 + d), |d| <= 2^-8 for bf16 before o's own rounding; the sm_80
+// kernels divide by the sum of the 16-bit P, and give o = v there). The sum of the 16-bit P on
+// the tensor cores (FLASHCOS_HOPPER_FWD=ws-rounded): d 64 from 8 extra O columns (the P V wgmma
+// reads its last 8 B columns one descriptor LBO past V, from one shared block of ones, the LBO chosen
+// per stage), d 128 (no shared memory for 128 ones rows beside a third stage) from an extra m64n8k16
+// wgmma per k-step whose B is a 1 KB block of ones; it cost d 128 4-15 % of the forward (H100, run
+// I2 of 2026-11-27: bf16 n 8192 non-causal 654 / 690 against 751 / 754 TFLOP/s).
 //
 // kOverlap (the FA3 schedule): inside a warpgroup, block j's S = Q K_j^T is issued together with
 // block j - 1's P V, so the exp of block j runs while the tensor cores finish P_{j-1} V_{j-1}; and
@@ -54,13 +57,17 @@ struct FwdTmaMaps {
   CUtensorMap q, k, v;
 };
 
-// Where l (the row sums of the 16-bit P) comes from: 8 ones columns of the P V wgmma (d 64), an
-// m64n8k16 wgmma per k-step of P V whose B is a 1 KB block of ones, read twice through SBO 0 (d 128),
-// or the packed A fragments summed in fp32 (d 128, FLASHCOS_HOPPER_FWD=ws-packed; H100 bf16 n 8192,
-// TFLOP/s: 614 against the n8 wgmma's 660 non-causal, 611 against 638 causal).
-enum class FwdL { kOnesCols, kPackedSum, kOnesMma };
+// Where the normaliser l comes from: the fp32 sum of the unrounded P that the exponentials add up
+// anyway (kUnrounded, the default), or the sum of the 16-bit P that P V multiplies: 8 ones columns
+// of the P V wgmma (kOnesCols, d 64), an m64n8k16 wgmma per k-step of P V whose B is a 1 KB block of
+// ones, read twice through SBO 0 (kOnesMma, d 128), or the packed A fragments summed in fp32
+// (kPackedSum; H100 bf16 n 8192, TFLOP/s: 614 against the n8 wgmma's 660 non-causal, 611 against 638
+// causal).
+enum class FwdL { kOnesCols, kPackedSum, kOnesMma, kUnrounded };
 template <int D>
-constexpr FwdL kDefaultFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
+constexpr FwdL kDefaultFwdL = FwdL::kUnrounded;
+template <int D>
+constexpr FwdL kRoundedFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
 
 // Consumer warpgroups (64 query rows each; 3 get 160 registers, 2 get 240): d 64 3, but 2 with a
 // bias (the 64 bias values a thread loads ahead of the exp) or the online max (with 3, ptxas
@@ -178,7 +185,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
   const int g = lane / 4, t = lane % 4;
   const int wg_row0 = m0 + c * 64;
   const int row0 = wg_row0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
-  if constexpr (L != FwdL::kPackedSum) {
+  if constexpr (L == FwdL::kOnesCols || L == FwdL::kOnesMma) {
     // The block of ones (every byte, so the swizzle does not matter).
     const uint32_t one2 = pack2<T>(1.f, 1.f);
     const uint4 ones = make_uint4(one2, one2, one2, one2);
@@ -430,8 +437,8 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
   float l[2];
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
-    l[e0] = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : L == FwdL::kOnesMma ? rL[2 * e0] : rLr[e0];
-    if constexpr (L == FwdL::kPackedSum) {
+    l[e0] = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : L == FwdL::kOnesMma ? rL[2 * e0] : L == FwdL::kPackedSum ? rLr[e0] : rLt[e0];
+    if constexpr (L == FwdL::kPackedSum || L == FwdL::kUnrounded) {
       l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 1);
       l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 2);
     }
