@@ -207,8 +207,10 @@ fi
 # differences with its standard error. QUALITY_SPREAD=1 also runs B a second time per seed and
 # reports B again - B the same way: what the same program gives against itself (no program is
 # bit-repeatable without --deterministic). QUALITY_GPUS (e.g. "0 1 2 3"): the seeds are dealt out
-# to those GPUs, one worker each. One program run twice differs by about 0.05 bpc (standard
-# deviation) at step 500 on this recipe (docs/performance.md, "Over seeds"): a single pair says
+# to those GPUs, one worker each. QUALITY_ORDER=alternate runs B first for even seeds (A first is
+# the default: over 14 pairs of runs I5 / I6 the first run of a pair ended 0.015 (0.013) bpc higher,
+# docs/quality.md, "Over seeds"). One program run twice differs by about 0.05 bpc (standard
+# deviation) at step 500 on this recipe (docs/quality.md, "Over seeds"): a single pair says
 # little, 20 pairs resolve about 0.03.
 if has quality-seeds; then
   diffs="$LOG/quality_seeds_diffs.txt" spread="$LOG/quality_seeds_spread.txt"
@@ -221,8 +223,13 @@ if has quality-seeds; then
   seeds_worker() {  # seeds...: each seed's runs, its differences appended to the files as "seed d..."
     local seed
     for seed in "$@"; do
-      QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-      QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+      if [ "${QUALITY_ORDER:-}" = alternate ] && [ $(( seed % 2 )) -eq 0 ]; then  # even seeds: B first
+        QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+        QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+      else
+        QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+        QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+      fi
       echo "$seed $(minus "A-s$seed" "B-s$seed")" >> "$diffs"
       if [ "${QUALITY_SPREAD:-0}" = 1 ]; then
         QENV="$env_b" quality_run "B2-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
@@ -252,7 +259,7 @@ if has quality-seeds; then
     while read -r seed d; do row "  seed $seed: B again - B" "$d"; done < <(sort -n "$spread")
     row "quality-seeds B again - B: mean (s.e.)" "$(mean_se "$spread")"
   fi
-  row "  (columns)" "steps 100, 200, ... then the 64-window eval; A: ${env_a:-default} B: ${env_b:-default}"
+  row "  (columns)" "steps 100, 200, ... then the 64-window eval; A: ${env_a:-default} B: ${env_b:-default}${QUALITY_ORDER:+; order: $QUALITY_ORDER}"
 fi
 
 # Sampling speed from the newest quality checkpoint: wall time of `sample --length` 2048 and 16384

@@ -27,7 +27,7 @@
 
 namespace flashcos::cuda {
 
-// Tile shapes per head dim and variant (H100, b4 h8 n8192 bf16; docs/kernels.md has the timings).
+// Tile shapes per head dim and variant (H100, b4 h8 n8192 bf16; docs/kernels-tried.md has the timings).
 // Variant 0 is the shape in use; 1..3 are compiled only in FLASHCOS_TUNING builds (tuning.h).
 //   warps, m-tiles of 16 rows per warp, keys per pipeline stage, Q fragments held in registers
 //   for the whole key loop (else re-read from shared memory each k-step, which frees registers),

@@ -91,7 +91,7 @@ constexpr int hopper_bwd_rows(int variant) {
 // reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-serial" the default
 // with the deterministic mode's counter polled only once the consumer's tile is there (kDetAhead
 // off; the default until 2026-11-26). Timings of each: docs/performance.md section 1 and
-// docs/kernels.md, "Timings of the versions".
+// docs/kernels-tried.md, "Timings of the versions".
 enum class HopperBwdKind { kTma, kAtomic, kTmaDetSerial };
 inline HopperBwdKind hopper_bwd_kind() {
   static const HopperBwdKind kind = [] {

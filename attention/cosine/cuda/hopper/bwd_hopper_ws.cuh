@@ -50,7 +50,7 @@
 // order of the adds into each dQ unit (DqTurns: key-block order, or rotated inside a band; it waits
 // on the unit's counter before the reduction and counts the unit once the reduction has completed);
 // without it the consumers order their atomics.
-// Timings of every version: docs/kernels.md, "Hopper family".
+// Timings of every version: docs/kernels-tried.md, "Timings of the versions".
 #pragma once
 
 #include <cuda.h>

@@ -18,7 +18,7 @@
 //   bar_q        Q landed (transaction count)
 //   full[s]      K and V of stage s landed (transaction count, the producer's one arrival)
 //   empty[s]     every consumer warp finished reading stage s (4 kWG arrivals)
-// The normaliser (FwdL below; since 2026-11-27 the fp32 sum lt of the unrounded P, as FlashAttention
+// The normaliser (FwdL below; since 2026-11-26 night the fp32 sum lt of the unrounded P, as FlashAttention
 // and cuDNN divide): o = sum_j bf16(p_j) v_j / sum_j p_j, whose weights sum to 1 within the rounding
 // of P (a one-key row gives o = v (1 + d), |d| <= 2^-8 for bf16 before o's own rounding; the sm_80
 // kernels divide by the sum of the 16-bit P, and give o = v there). The sum of the 16-bit P on
@@ -26,7 +26,7 @@
 // reads its last 8 B columns one descriptor LBO past V, from one shared block of ones, the LBO chosen
 // per stage), d 128 (no shared memory for 128 ones rows beside a third stage) from an extra m64n8k16
 // wgmma per k-step whose B is a 1 KB block of ones; it cost d 128 4-15 % of the forward (H100, run
-// I2 of 2026-11-27: bf16 n 8192 non-causal 654 / 690 against 751 / 754 TFLOP/s).
+// I2 of 2026-11-26 night: bf16 n 8192 non-causal 654 / 690 against 751 / 754 TFLOP/s).
 //
 // kOverlap (the FA3 schedule): inside a warpgroup, block j's S = Q K_j^T is issued together with
 // block j - 1's P V, so the exp of block j runs while the tensor cores finish P_{j-1} V_{j-1}; and
