@@ -293,14 +293,14 @@ TEST_P(FusedAttention, MatchesFloat64Reference) {
       // One key per row: the plain ops give o = v and dq = dk = 0 exactly. The Hopper forward divides
       // P V by the fp32 sum of the unrounded P (hopper/fwd_hopper_ws.cuh), so o = v (1 + d), d one
       // rounding of p, then o's own rounding: |o - v| <= eps |v| per element. The backward's
-      // dS = dO . (v - o) is then that rounding, |dq|, |dk| <= scale eps |dO| max |v_row|: 1e3 eps
-      // max |v_row| of grad_err's floor (1e-3 scale |dv|, and dv = dO here). A wrong gradient is
-      // O(scale |dO| |v| / sqrt(D)): 1e3 |v| / sqrt(D) of the floor.
+      // dS = dO . (v - o) is then that rounding, and dq, dk are its noise: up to 512 eps of grad_err's
+      // floor (1e-3 scale |dv|) is accepted. Measured on an H100 (docs/performance.md, correctness
+      // runs, I3): 27 eps (bf16) and 7 eps (fp16) here, at most 157 eps over the QKV suite's T = 1
+      // cases; a wrong gradient, O(scale |dO| |v| / sqrt(D)), is O(1e3 |v| / sqrt(D)) of the floor.
       const double eps = dtype_eps(prm.dtype);
-      const double v_row_max = in.v.abs().max().item<double>() * std::sqrt(double(c.D));
       tol.o = std::max(tol.o, eps);
-      tol.dq = std::max(tol.dq, 1e3 * eps * v_row_max);
-      tol.dk = std::max(tol.dk, 1e3 * eps * v_row_max);
+      tol.dq = std::max(tol.dq, 512 * eps);
+      tol.dk = std::max(tol.dk, 512 * eps);
     }
     std::printf("[ errors   ] %-34s %-4s fused o %.2e dq %.2e dk %.2e dv %.2e db %.2e | plain o %.2e dq %.2e dk %.2e dv %.2e db %.2e\n",
                 c.name.c_str(), dtype_name(prm.dtype).c_str(), err.o, err.dq, err.dk, err.dv, err.dbias, be.o,

@@ -20,10 +20,11 @@ namespace flashcos::cuda {
 // warp-specialised kernel with its overlapped schedule, "ws" the same without the overlap; o divided
 // by the fp32 sum of the unrounded P in both. "ws-rounded" the default schedule dividing by the sum
 // of the 16-bit P from the tensor cores (d 64 ones columns, d 128 an n8 wgmma: the default until
-// 2026-11-26 night), "ws-packed" that sum from the packed P (FwdL::kPackedSum, d 128). d 128 with a bias
-// runs without the overlap whatever the choice: overlapped, S_j, P_{j-1}, O, l and the block's 64 bias values would live in registers at once
-// (228 of the 240), and ptxas spills 140 to 350 bytes; without the overlap nothing spills. The bias
-// forward is bound by the bias's bandwidth anyway (fwd_logits.cuh). Not timed yet.
+// 2026-11-26 night), "ws-packed" that sum from the packed P (FwdL::kPackedSum, d 128). d 128 with a
+// bias runs without the overlap whatever the choice: overlapped, S_j, P_{j-1}, O, l and the block's
+// 64 bias values would live in registers at once (228 of the 240 with the n8 wgmma's l), and ptxas
+// spilled 140 to 350 bytes; without the overlap nothing spills. The bias forward is bound by the
+// bias's bandwidth anyway (fwd_logits.cuh). Not timed yet.
 enum class HopperFwdKind { kOverlap, kPlain, kOverlapPackedSum, kOverlapRounded };
 inline HopperFwdKind hopper_fwd_kind() {
   static const HopperFwdKind kind = [] {

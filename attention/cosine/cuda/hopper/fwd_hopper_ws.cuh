@@ -18,15 +18,16 @@
 //   bar_q        Q landed (transaction count)
 //   full[s]      K and V of stage s landed (transaction count, the producer's one arrival)
 //   empty[s]     every consumer warp finished reading stage s (4 kWG arrivals)
-// The normaliser (FwdL below; since 2026-11-26 night the fp32 sum lt of the unrounded P, as FlashAttention
-// and cuDNN divide): o = sum_j bf16(p_j) v_j / sum_j p_j, whose weights sum to 1 within the rounding
-// of P (a one-key row gives o = v (1 + d), |d| <= 2^-8 for bf16 before o's own rounding; the sm_80
-// kernels divide by the sum of the 16-bit P, and give o = v there). The sum of the 16-bit P on
-// the tensor cores (FLASHCOS_HOPPER_FWD=ws-rounded): d 64 from 8 extra O columns (the P V wgmma
-// reads its last 8 B columns one descriptor LBO past V, from one shared block of ones, the LBO chosen
-// per stage), d 128 (no shared memory for 128 ones rows beside a third stage) from an extra m64n8k16
-// wgmma per k-step whose B is a 1 KB block of ones; it cost d 128 4-15 % of the forward (H100, run
-// I2 of 2026-11-26 night: bf16 n 8192 non-causal 654 / 690 against 751 / 754 TFLOP/s).
+// The normaliser (FwdL below; since 2026-11-26 night the fp32 sum lt of the unrounded P, as
+// FlashAttention and cuDNN divide): o = sum_j bf16(p_j) v_j / sum_j p_j, whose weights sum to 1
+// within the rounding of P (a one-key row gives o = v (1 + d), |d| <= 2^-8 for bf16 before o's own
+// rounding; the sm_80 kernels divide by the sum of the 16-bit P, and give o = v there). The sum of
+// the 16-bit P on the tensor cores (FLASHCOS_HOPPER_FWD=ws-rounded): d 64 from 8 extra O columns
+// (the P V wgmma reads its last 8 B columns one descriptor LBO past V, from one shared block of
+// ones, the LBO chosen per stage), d 128 (no shared memory for 128 ones rows beside a third stage)
+// from an extra m64n8k16 wgmma per k-step whose B is a 1 KB block of ones; it cost d 128 4-15 % of
+// the forward (H100, run I2 of 2026-11-26 night: bf16 n 8192 non-causal 654 / 690 against 751 /
+// 754 TFLOP/s).
 //
 // kOverlap (the FA3 schedule): inside a warpgroup, block j's S = Q K_j^T is issued together with
 // block j - 1's P V, so the exp of block j runs while the tensor cores finish P_{j-1} V_{j-1}; and
@@ -34,11 +35,12 @@
 // barriers), so that one warpgroup's exp runs while the others' MMAs occupy the tensor cores.
 // Without kOverlap each warpgroup runs S, exp, P V in sequence.
 // kOnline with kOverlap: block j's exp (new max m_j) runs while P_{j-1} V_{j-1} still adds into O
-// under m_{j-1}; so lt is rescaled at once, O and l (d 64's ones columns of rO, d 128's rL) only
-// after the wait for that wgmma and before P_j V_j is issued (rescale_out; keep_ahead_of_wait stops
-// ptxas from hoisting that wait above the exps). kBias: the block's bias is loaded into registers
-// right after the MMAs are issued, before the wait for S (FwdBias, fwd_logits.cuh). Both take 2
-// consumer warpgroups (kFwdWsWG); d 128 with a bias runs without kOverlap (hopper/fwd_hopper.cuh).
+// under m_{j-1}; so lt is rescaled at once, O (and the 16-bit P's sum: d 64's ones columns of rO,
+// d 128's rL) only after the wait for that wgmma and before P_j V_j is issued (rescale_out;
+// keep_ahead_of_wait stops ptxas from hoisting that wait above the exps). kBias: the block's bias
+// is loaded into registers right after the MMAs are issued, before the wait for S (FwdBias,
+// fwd_logits.cuh). Both take 2 consumer warpgroups (kFwdWsWG); d 128 with a bias runs without
+// kOverlap (hopper/fwd_hopper.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -437,8 +439,11 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
   float l[2];
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
-    l[e0] = Tile::kOnesSum ? rO[4 * (D / 8) + 2 * e0] : L == FwdL::kOnesMma ? rL[2 * e0] : L == FwdL::kPackedSum ? rLr[e0] : rLt[e0];
-    if constexpr (L == FwdL::kPackedSum || L == FwdL::kUnrounded) {
+    l[e0] = Tile::kOnesSum            ? rO[4 * (D / 8) + 2 * e0]
+            : L == FwdL::kOnesMma     ? rL[2 * e0]
+            : L == FwdL::kPackedSum   ? rLr[e0]
+                                      : rLt[e0];  // kUnrounded
+    if constexpr (L == FwdL::kPackedSum || L == FwdL::kUnrounded) {  // a quad's partial sums
       l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 1);
       l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 2);
     }
