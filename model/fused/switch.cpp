@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 namespace flashcos::model::fused {
 namespace {
@@ -22,25 +21,29 @@ bool kernels_compiled() {
 #endif
 }
 
-bool fused_ops_enabled(const at::Tensor& t) {
+bool fused_ops_enabled(const at::Tensor& t) { return fused_op_enabled(t, nullptr); }
+
+bool fused_op_enabled(const at::Tensor& t, const char* op) {
   if (!t.defined()) return false;
   const bool device_ok = t.is_cuda() ? kernels_compiled() : t.is_cpu() && g_fused_on_cpu.load() > 0;
   if (!device_ok) return false;
   const char* env = std::getenv("FLASHCOS_FUSED_OPS");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
-bool fused_op_enabled(const at::Tensor& t, const char* op) {
-  if (!fused_ops_enabled(t)) return false;
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (op == nullptr) return true;  // fused_ops_enabled: the fused structure, whatever the list
   if (std::strcmp(op, "copies") == 0) {
     const char* copies = std::getenv("FLASHCOS_WEIGHT_COPIES");
     if (copies != nullptr && std::strcmp(copies, "0") == 0) return false;
   }
-  const char* env = std::getenv("FLASHCOS_FUSED_OPS");
   if (env == nullptr || std::strcmp(env, "1") == 0) return true;
-  // A comma-separated list: op must be one of its items.
-  const std::string list = std::string(",") + env + ",";
-  return list.find(std::string(",") + op + ",") != std::string::npos;
+  // A comma-separated list: op must be one of its items, whole.
+  const size_t n = std::strlen(op);
+  for (const char* item = env;; ++item) {
+    const char* end = std::strchr(item, ',');
+    const size_t len = end != nullptr ? size_t(end - item) : std::strlen(item);
+    if (len == n && std::strncmp(item, op, n) == 0) return true;
+    if (end == nullptr) return false;
+    item = end;
+  }
 }
 
 at::ScalarType activation_dtype(const at::Tensor& t) {

@@ -16,7 +16,7 @@ namespace flashcos::model::fused {
 bool kernels_compiled();
 bool fused_ops_enabled(const at::Tensor& t);
 // fused_ops_enabled(t), and `op` (norm, gelu, embedding, classifier, copies) not left out of a list
-// in FLASHCOS_FUSED_OPS. copies: the fused path's projections run from weight copies with their
+// in FLASHCOS_FUSED_OPS (op nullptr: fused_ops_enabled(t) itself). copies: the fused path's projections run from weight copies with their
 // gradients accumulated by the GEMM (model/fused/linear.h); FLASHCOS_WEIGHT_COPIES=0 also turns
 // that one off (libtorch's linear under autocast there).
 bool fused_op_enabled(const at::Tensor& t, const char* op);
