@@ -20,18 +20,20 @@ __device__ __forceinline__ void hold_frags(uint32_t (&frag)[K][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[kk][e])::"memory");
 }
 
-// Rows row0 and row0 + 8 of head (b, h): l[e0] is row e0's normaliser, rLt[e0] this thread's part of
-// its unrounded sum (the four threads of a quad hold a row's columns; summed here), rM[e0] its
-// running max (kOnline only).
+// A quad's partial row sums added up (the four threads of a quad hold a row's columns).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Rows row0 and row0 + 8 of head (b, h): l[e0] is row e0's normaliser, lt[e0] its fp32 sum of the
+// unrounded P (quad_sum of the threads' parts), rM[e0] its running max (kOnline only).
 template <typename T, int D, bool kOnline, int kRegs>
 __device__ __forceinline__ void store_fwd_rows(const FwdParams& p, const float (&rO)[kRegs], const float (&l)[2],
-                                               const float (&rLt)[2], const float (&rM)[2], int b, int h, int row0,
+                                               const float (&lt)[2], const float (&rM)[2], int b, int h, int row0,
                                                int t) {
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
-    float lt = rLt[e0];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
     const int r = row0 + 8 * e0;
     if (r >= p.I) continue;
     const float inv = p.exp_kind ? 1.f : (l[e0] > 0.f ? 1.f / l[e0] : 0.f);
@@ -43,7 +45,7 @@ __device__ __forceinline__ void store_fwd_rows(const FwdParams& p, const float (
             pack2<T>(rO[4 * dt + 2 * e0] * inv, rO[4 * dt + 2 * e0 + 1] * inv);
     if (t == 0 && p.l != nullptr)
       static_cast<float*>(p.l)[(int64_t(b) * p.H + h) * p.I + r] =
-          kOnline ? lt * exp2f(rM[e0]) : lt * exp2f(-kFwdShiftLog2<T>);
+          kOnline ? lt[e0] * exp2f(rM[e0]) : lt[e0] * exp2f(-kFwdShiftLog2<T>);
   }
 }
 

@@ -44,7 +44,7 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
   const bool online = fwd_needs_online(p, std::is_same_v<T, __half>);
   if (p.bias != nullptr) {
     constexpr bool kBiasOverlap = kOverlap && D == 64;  // d 128: see hopper_fwd_kind
-    constexpr hopper::FwdL kBiasL = D == 128 && L == hopper::FwdL::kPackedSum ? hopper::kDefaultFwdL<D> : L;
+    constexpr hopper::FwdL kBiasL = D == 128 && L == hopper::FwdL::kPackedSum ? hopper::kDefaultFwdL : L;
     return online ? launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, true>(p, stream)
                   : launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, false>(p, stream);
   }
@@ -55,7 +55,7 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
 // The forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot address the inputs.
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
-  constexpr hopper::FwdL kDefault = hopper::kDefaultFwdL<D>;
+  constexpr hopper::FwdL kDefault = hopper::kDefaultFwdL;
   constexpr hopper::FwdL kPacked = D == 128 ? hopper::FwdL::kPackedSum : hopper::FwdL::kOnesCols;
   switch (hopper_fwd_kind()) {
     case HopperFwdKind::kPlain:

@@ -66,7 +66,6 @@ struct FwdTmaMaps {
 // (kPackedSum; H100 bf16 n 8192, TFLOP/s: 614 against the n8 wgmma's 660 non-causal, 611 against 638
 // causal).
 enum class FwdL { kOnesCols, kPackedSum, kOnesMma, kUnrounded };
-template <int D>
 constexpr FwdL kDefaultFwdL = FwdL::kUnrounded;
 template <int D>
 constexpr FwdL kRoundedFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
@@ -77,7 +76,7 @@ constexpr FwdL kRoundedFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
 template <int D, bool kBias, bool kOnline>
 constexpr int kFwdWsWG = D == 64 && !kBias && !kOnline ? 3 : 2;
 
-template <int D, FwdL L = kDefaultFwdL<D>, int WG = kFwdWsWG<D, false, false>>
+template <int D, FwdL L = kDefaultFwdL, int WG = kFwdWsWG<D, false, false>>
 struct FwdWsTile {
   static_assert(D == 64 || D == 128, "the Hopper forward covers head dims 64 and 128");
   static_assert(D == 64 || L != FwdL::kOnesCols, "d 128 has no shared memory for ones columns beside 3 stages");
@@ -435,20 +434,17 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
     }
   }
 
-  // O / l, and l for the backward.
-  float l[2];
+  // O / l, and lt (the rows' fp32 sums of the unrounded P) for the backward; kUnrounded's l is lt.
+  float lt[2], l[2];
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
+    lt[e0] = quad_sum(rLt[e0]);
     l[e0] = Tile::kOnesSum            ? rO[4 * (D / 8) + 2 * e0]
             : L == FwdL::kOnesMma     ? rL[2 * e0]
-            : L == FwdL::kPackedSum   ? rLr[e0]
-                                      : rLt[e0];  // kUnrounded
-    if constexpr (L == FwdL::kPackedSum || L == FwdL::kUnrounded) {  // a quad's partial sums
-      l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 1);
-      l[e0] += __shfl_xor_sync(0xffffffffu, l[e0], 2);
-    }
+            : L == FwdL::kPackedSum   ? quad_sum(rLr[e0])
+                                      : lt[e0];
   }
-  store_fwd_rows<T, D, kOnline>(p, rO, l, rLt, rM, b, h, row0, t);
+  store_fwd_rows<T, D, kOnline>(p, rO, l, lt, rM, b, h, row0, t);
 #endif
 }
 
@@ -459,7 +455,7 @@ namespace flashcos::cuda {
 // The warp-specialised forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot
 // address the inputs (the caller then runs the sm_80 kernels).
 // kBias: p.bias is set; kOnline: fwd_needs_online(p) (the launcher picks both from p).
-template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL<D>, bool kBias = false,
+template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL, bool kBias = false,
           bool kOnline = false>
 cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   using Tile = hopper::FwdWsTile<D, L, hopper::kFwdWsWG<D, kBias, kOnline>>;
