@@ -62,4 +62,15 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return {};
 }
 
+void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return;
+  auto norms = at::_foreach_norm(grads, 2);
+  auto total = at::linalg_vector_norm(at::stack(norms).to(at::kFloat), 2);
+  auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  at::_foreach_mul_(grads, coef);
+}
+
 }  // namespace flashcos::model

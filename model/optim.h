@@ -7,6 +7,8 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <vector>
+
 namespace flashcos::model {
 
 class FusedAdam : public torch::optim::Adam {
@@ -20,5 +22,10 @@ class FusedAdamW : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
+
+// Scales the parameters' gradients so that their joint 2-norm is at most max_norm (libtorch's
+// clip_grad_norm_ without its device -> host sync: it returns the norm as a double): one foreach
+// norm, one scale factor on the device, one foreach multiply.
+void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
 }  // namespace flashcos::model

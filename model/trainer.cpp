@@ -126,19 +126,6 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
-// Gradient clipping without a device -> host sync (libtorch's clip_grad_norm_ returns a double):
-// one foreach norm, one scale factor on the device, one foreach multiply.
-void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return;
-  auto norms = at::_foreach_norm(grads, 2);
-  auto total = at::linalg_vector_norm(at::stack(norms).to(at::kFloat), 2);
-  auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
-  at::_foreach_mul_(grads, coef);
-}
-
 class MetricsLog {
  public:
   explicit MetricsLog(const std::string& path) : out_(path, std::ios::app) {

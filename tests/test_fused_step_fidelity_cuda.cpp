@@ -19,7 +19,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 
 #include <cstdio>
@@ -187,7 +186,7 @@ Trajectory train(const Program& p, const std::vector<at::Tensor>& windows, int64
         loss += l.item<double>();
       }
     }
-    torch::nn::utils::clip_grad_norm_(params, 0.5);
+    fm::clip_grad_norm(params, 0.5);  // the trainer's clipping (model/optim.h)
     opt->step();
     model->refresh_weight_copies();
     t.losses.push_back(loss);
