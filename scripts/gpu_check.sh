@@ -221,15 +221,14 @@ if has quality-seeds; then
   }
   minus() { paste -d ' ' <(bpcs "$1") <(bpcs "$2") | awk 'NF == 2 {printf "%+.4f ", $1 - $2}'; }
   seeds_worker() {  # seeds...: each seed's runs, its differences appended to the files as "seed d..."
-    local seed
+    local seed order prog penv
     for seed in "$@"; do
-      if [ "${QUALITY_ORDER:-}" = alternate ] && [ $(( seed % 2 )) -eq 0 ]; then  # even seeds: B first
-        QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-        QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-      else
-        QENV="$env_a" quality_run "A-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-        QENV="$env_b" quality_run "B-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
-      fi
+      order="A B"
+      [ "${QUALITY_ORDER:-}" = alternate ] && [ $(( seed % 2 )) -eq 0 ] && order="B A"  # even seeds: B first
+      for prog in $order; do
+        if [ "$prog" = A ]; then penv=$env_a; else penv=$env_b; fi
+        QENV="$penv" quality_run "$prog-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
+      done
       echo "$seed $(minus "A-s$seed" "B-s$seed")" >> "$diffs"
       if [ "${QUALITY_SPREAD:-0}" = 1 ]; then
         QENV="$env_b" quality_run "B2-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
