@@ -62,15 +62,28 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return {};
 }
 
-void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+namespace {
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return;
-  auto norms = at::_foreach_norm(grads, 2);
-  auto total = at::linalg_vector_norm(at::stack(norms).to(at::kFloat), 2);
+  return grads;
+}
+at::Tensor joint_norm(const std::vector<at::Tensor>& grads) {
+  if (grads.empty()) return {};
+  return at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)).to(at::kFloat), 2);
+}
+}  // namespace
+
+at::Tensor grad_norm(const std::vector<at::Tensor>& params) { return joint_norm(defined_grads(params)); }
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  const auto grads = defined_grads(params);
+  auto total = joint_norm(grads);
+  if (!total.defined()) return total;
   auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
   at::_foreach_mul_(grads, coef);
+  return total;
 }
 
 }  // namespace flashcos::model

@@ -23,9 +23,13 @@ class FusedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
+// The joint 2-norm of the parameters' gradients (those defined) as a float32 scalar on their
+// device, without a device -> host sync (one foreach norm); undefined where no gradient is defined.
+at::Tensor grad_norm(const std::vector<at::Tensor>& params);
+
 // Scales the parameters' gradients so that their joint 2-norm is at most max_norm (libtorch's
-// clip_grad_norm_ without its device -> host sync: it returns the norm as a double): one foreach
-// norm, one scale factor on the device, one foreach multiply.
-void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// clip_grad_norm_ without its device -> host sync: it returns the norm as a double): grad_norm, one
+// scale factor on the device, one foreach multiply. Returns the norm before clipping (grad_norm).
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
 }  // namespace flashcos::model

@@ -379,6 +379,9 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   auto last_log = std::chrono::steady_clock::now();
   int64_t steps_since_log = 0;
   at::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+  // The gradients' joint norm before clipping, summed over the steps since the last log line.
+  at::Tensor norm_sum = torch::zeros({}, torch::TensorOptions().device(device));
+  int64_t norm_steps = 0;
   int64_t skipped = 0;
   at::Tensor exploding_streak = torch::zeros({}, torch::TensorOptions().device(device));
   bool warned_exploding = false;
@@ -443,7 +446,11 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
       }
     }
     if (do_step) {
-      if (cfg.clip_grad > 0) clip_grad_norm(params, cfg.clip_grad);
+      const at::Tensor norm = cfg.clip_grad > 0 ? clip_grad_norm(params, cfg.clip_grad) : grad_norm(params);
+      if (norm.defined()) {
+        norm_sum += norm;
+        ++norm_steps;
+      }
       optimizer->step();
       model->refresh_weight_copies();  // the captured micro-step reads them (GPTImpl)
     }
@@ -496,9 +503,11 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
       const double elapsed = std::chrono::duration<double>(now - t_start).count();
       const double eta = elapsed / (state.step - first_step) * (cfg.steps - state.step);
       const double mem = peak_memory_gib(device);
-      std::string line = strf("step %lld/%lld | loss %.4f | bpc %.4f | lr %.2e | %.1fk tok/s | ETA %s",
-                              static_cast<long long>(state.step), static_cast<long long>(cfg.steps), loss, loss / kLn2,
-                              lr, tok_s / 1e3, format_duration(eta).c_str());
+      const double norm = norm_steps > 0 ? norm_sum.item<double>() / norm_steps : 0.0;
+      std::string line = strf("step %lld/%lld | loss %.4f | bpc %.4f | lr %.2e", static_cast<long long>(state.step),
+                              static_cast<long long>(cfg.steps), loss, loss / kLn2, lr);
+      if (norm_steps > 0) line += strf(" | grad norm %.3f", norm);
+      line += strf(" | %.1fk tok/s | ETA %s", tok_s / 1e3, format_duration(eta).c_str());
       if (device.is_cuda()) line += strf(" | peak mem %.2f GiB", mem);
       if (precision.loss_scaling) line += strf(" | scale %.0f (%lld skipped)", state.loss_scale, static_cast<long long>(skipped));
       if (!main_rank) {
@@ -508,9 +517,13 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
       } else {
         log::info(line);
       }
-      write_metrics({{"event", "train"}, {"step", state.step}, {"loss", loss}, {"bpc", loss / kLn2}, {"lr", lr},
-                     {"tok_per_s", tok_s}, {"peak_mem_gib", mem}, {"time_s", elapsed}});
+      nlohmann::json record = {{"event", "train"}, {"step", state.step}, {"loss", loss}, {"bpc", loss / kLn2},
+                               {"lr", lr}, {"tok_per_s", tok_s}, {"peak_mem_gib", mem}, {"time_s", elapsed}};
+      if (norm_steps > 0) record["grad_norm"] = norm;  // mean over the steps since the last record
+      write_metrics(record);
       loss_sum.zero_();
+      norm_sum.zero_();
+      norm_steps = 0;
       steps_since_log = 0;
       last_log = std::chrono::steady_clock::now();
     }

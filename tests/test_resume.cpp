@@ -4,6 +4,8 @@
 // exactly the losses of an uninterrupted run.
 #include "train_process_util.h"
 
+#include <cmath>
+
 #include "model/checkpoint.h"
 
 namespace {
@@ -52,6 +54,11 @@ TEST(ResumeCli, RestoresTheSavedConfigurationAndContinuesExactly) {
     EXPECT_EQ(a[i]["step"], b[i]["step"]);
     EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << a[i]["step"];
     EXPECT_EQ(a[i]["lr"].get<double>(), b[i]["lr"].get<double>()) << "step " << a[i]["step"];
+    // The gradients' norm before clipping: logged every step, and the same bits after the resume.
+    ASSERT_TRUE(a[i].contains("grad_norm") && b[i].contains("grad_norm")) << a[i].dump();
+    const double norm = a[i]["grad_norm"].get<double>();
+    EXPECT_TRUE(std::isfinite(norm) && norm > 0) << a[i].dump();
+    EXPECT_EQ(norm, b[i]["grad_norm"].get<double>()) << "step " << a[i]["step"];
   }
 }
 
