@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Plots a run's metrics file (JSON lines, one object per event) to a PNG with gnuplot:
-# loss (nats) and bits/char for train and val, learning rate, and tokens/s, against the step.
+# loss (nats) and bits/char for train and val, learning rate, the gradients' norm before clipping
+# (runs from before it was logged leave that panel empty), and tokens/s, against the step.
 #
 #   scripts/plot_metrics.sh checkpoints/<run>/metrics.jsonl [out.png]   (default: metrics.png next to it)
 #
-# Lines look like {"step":100,"event":"train","loss":1.23,"bpc":1.77,"lr":0.0002,"tok_per_s":12345}
+# Lines look like {"step":100,"event":"train","loss":1.23,"bpc":1.77,"lr":0.0002,"grad_norm":0.8,"tok_per_s":12345}
 # and {"step":100,"event":"val","loss":1.30,"bpc":1.88}; other events and keys are ignored, and so
 # are lines that are not JSON objects. After a --resume a step may appear twice: the later line
 # wins. Needs only gnuplot and awk (no jq, no Python).
@@ -51,10 +52,11 @@ extract() {  # extract EVENT KEY...
       END { if (NR > 0) print line }'
 }
 
-extract train loss bpc lr tok_per_s >"$tmp/train.dat"
+extract train loss bpc lr tok_per_s grad_norm >"$tmp/train.dat"
 extract val loss bpc >"$tmp/val.dat"
 n_train=$(wc -l <"$tmp/train.dat")
 n_val=$(wc -l <"$tmp/val.dat")
+n_norm=$(awk '$6 != "?"' "$tmp/train.dat" | wc -l)  # metrics from before grad_norm was logged have none
 [ "$n_train" -gt 0 ] || [ "$n_val" -gt 0 ] ||
   die "'$in' has no train or val events (expected JSON lines like {\"step\":100,\"event\":\"train\",\"loss\":1.23,...})"
 
@@ -73,8 +75,8 @@ plotline() {  # plotline CLAUSES: a plot command, or empty axes saying 'no data'
   else echo "set label 1 'no data' at graph 0.5,0.5 center; plot [0:1][0:1] -1 notitle; unset label 1"; fi
 }
 
-term="pngcairo size 1400,900 font ',10'"
-gnuplot -e "set terminal pngcairo" >/dev/null 2>&1 || term="png size 1400,900"
+term="pngcairo size 2100,900 font ',10'"
+gnuplot -e "set terminal pngcairo" >/dev/null 2>&1 || term="png size 2100,900"
 
 gnuplot <<EOF || die "gnuplot failed to plot '$in'"
 set terminal $term
@@ -83,7 +85,7 @@ set datafile missing '?'
 set key top right
 set grid
 set xlabel 'step'
-set multiplot layout 2,2 title "$run: $last_val"
+set multiplot layout 2,3 title "$run: $last_val"
 set title 'loss (nats)'
 $(plotline "$(both 2 2)")
 set title 'bits per character'
@@ -91,6 +93,9 @@ $(plotline "$(both 3 3)")
 set title 'learning rate'
 set format y '%.1e'
 $(plotline "$(tr_clause 4)")
+set title 'gradient norm before clipping'
+set format y '%g'
+$(plotline "$([ "$n_norm" -gt 0 ] && tr_clause 6)")
 set title 'tokens / s'
 set format y '%.0f'
 $(plotline "$(tr_clause 5)")
