@@ -294,8 +294,8 @@ TEST_P(FusedAttention, MatchesFloat64Reference) {
       // P V by the fp32 sum of the unrounded P (hopper/fwd_hopper_ws.cuh), so o = v (1 + d), d one
       // rounding of p, then o's own rounding: |o - v| <= eps |v| per element. The backward's
       // dS = dO . (v - o) is then that rounding, and dq, dk are its noise: up to 512 eps of grad_err's
-      // floor (1e-3 scale |dv|) is accepted. Measured on an H100 (docs/performance.md, correctness
-      // runs, I3): 27 eps (bf16) and 7 eps (fp16) here, at most 157 eps over the QKV suite's T = 1
+      // floor (1e-3 scale |dv|) is accepted. Measured on an H100 (docs/correctness.md, runs I3 and
+      // J3): 27 eps (bf16) and 7 eps (fp16) here, at most 157 eps over the QKV suite's T = 1
       // cases; a wrong gradient, O(scale |dO| |v| / sqrt(D)), is O(1e3 |v| / sqrt(D)) of the floor.
       const double eps = dtype_eps(prm.dtype);
       tol.o = std::max(tol.o, eps);
