@@ -75,6 +75,11 @@ gtest_counts() {
 fused_col() {  # log, col
   grep -E '^ +[0-9]+ +fused' "$1" | awk -v c="$2" '{print $c}' | tr '\n' ' '
 }
+# Mean and max of the gradient norm before clipping over a training log's progress lines (logged
+# since b43bb8e; nothing for older logs).
+grad_norms() {  # log
+  grep -oE 'grad norm [0-9.]+' "$1" | awk '{ s += $3; if ($3 > m) m = $3; ++n } END { if (n) printf "grad norm mean %.3f max %.3f", s / n, m }'
+}
 # The validation bits/char of every eval in a training log, on one line.
 val_bpcs() {  # log
   grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$1" | awk '{print $5}' | tr '\n' ' '
@@ -178,7 +183,7 @@ quality_run() {  # name, args...
   local rc=$?
   "$TRAIN" eval --checkpoint "$CK/q-$name" --which val --max-windows 64 > "$LOG/quality_${name}_eval.log" 2>&1
   row "quality $name val bpc /100 steps" "rc $rc: $(val_bpcs "$LOG/quality_$name.log")"
-  row "  $name eval 64 val windows" "$(grep -oE '[0-9.]+ bits/char' "$LOG/quality_${name}_eval.log") $(grep -E 'step [0-9]+/' "$LOG/quality_$name.log" | tail -1 | grep -oE '[0-9.]+k tok/s')"
+  row "  $name eval 64 val windows" "$(grep -oE '[0-9.]+ bits/char' "$LOG/quality_${name}_eval.log") $(grep -E 'step [0-9]+/' "$LOG/quality_$name.log" | tail -1 | grep -oE '[0-9.]+k tok/s') $(grad_norms "$LOG/quality_$name.log")"
 }
 if has quality; then
   for q in ${QUALITY_RUNS:-seed cosine}; do
