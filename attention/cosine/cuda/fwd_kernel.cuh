@@ -77,6 +77,13 @@ struct FwdTile {
 template <typename T>
 constexpr float kFwdShiftLog2 = std::is_same_v<T, __half> ? 15.f : 0.f;
 
+// A row's sum over the four threads of a quad, which hold its columns in the mma fragments (the
+// Hopper epilogue too, hopper/fwd_epilogue.cuh).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 template <typename T, int D, int V, bool kOnline>
 __global__ void __launch_bounds__(FwdTile<D, V>::kThreads, FwdTile<D, V>::kMinBlocks)
     fwd_kernel(const FwdParams p) {
@@ -317,9 +324,7 @@ __global__ void __launch_bounds__(FwdTile<D, V>::kThreads, FwdTile<D, V>::kMinBl
 #pragma unroll
     for (int e0 = 0; e0 < 2; ++e0) {
       const float l = rL[mt][2 * e0];
-      float lt = rLt[mt][e0];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float lt = quad_sum(rLt[mt][e0]);
       const int r = warp_row0 + mt * 16 + g + 8 * e0;
       if (r >= I) continue;
       const float inv = p.exp_kind ? 1.f : (l > 0.f ? 1.f / l : 0.f);

@@ -20,12 +20,6 @@ __device__ __forceinline__ void hold_frags(uint32_t (&frag)[K][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[kk][e])::"memory");
 }
 
-// A quad's partial row sums added up (the four threads of a quad hold a row's columns).
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // Rows row0 and row0 + 8 of head (b, h): l[e0] is row e0's normaliser, lt[e0] its fp32 sum of the
 // unrounded P (quad_sum of the threads' parts), rM[e0] its running max (kOnline only).
 template <typename T, int D, bool kOnline, int kRegs>
