@@ -48,6 +48,19 @@ void fused_step(torch::optim::Optimizer& opt, bool decoupled) {
   }
 }
 
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+// The joint 2-norm of grads (float32, on their device), or undefined for none.
+at::Tensor joint_norm(const std::vector<at::Tensor>& grads) {
+  if (grads.empty()) return {};
+  return at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)).to(at::kFloat), 2);
+}
+
 }  // namespace
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
@@ -61,19 +74,6 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   fused_step<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(*this, /*decoupled=*/true);
   return {};
 }
-
-namespace {
-std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  return grads;
-}
-at::Tensor joint_norm(const std::vector<at::Tensor>& grads) {
-  if (grads.empty()) return {};
-  return at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)).to(at::kFloat), 2);
-}
-}  // namespace
 
 at::Tensor grad_norm(const std::vector<at::Tensor>& params) { return joint_norm(defined_grads(params)); }
 
