@@ -24,6 +24,7 @@
 
 #include "attention/cosine/cuda/params.h"
 #endif
+#include "attention/cosine/dq_grid.h"
 
 namespace flashcos::detail {
 
@@ -159,6 +160,7 @@ fc::FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at
 struct BwdBuffers {
   at::Tensor delta, row_offset, dq_accum, dq, dk, dv, dbias_accum;
   at::Tensor dq_semaphore;  // deterministic mode, 16-bit kernels: (B, H, ceil(I / 16) + 1) int32 counters (dq_semaphore.cuh)
+  at::Tensor dq_grid, dq_grid_kv;  // deterministic mode, cosine kind: (B, H, I) float, (B, Hkv, 2) int32 (dq_grid.h)
 };
 
 fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -183,6 +185,8 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
   p.dbias_accum = buf.dbias_accum.defined() ? buf.dbias_accum.data_ptr() : nullptr;
   p.dbias_per_head = args.deterministic && buf.dbias_accum.defined();
   p.dq_semaphore = buf.dq_semaphore.defined() ? buf.dq_semaphore.data_ptr<int>() : nullptr;
+  p.dq_grid = buf.dq_grid.defined() ? buf.dq_grid.data_ptr<float>() : nullptr;
+  p.dq_grid_kv = buf.dq_grid_kv.defined() ? reinterpret_cast<unsigned*>(buf.dq_grid_kv.data_ptr<int>()) : nullptr;
   return p;
 }
 
@@ -241,6 +245,12 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
     buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
     buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);     // (B, H, I, D)
     if (args.deterministic) buf.dq_semaphore = at::zeros({B, H, (I + 15) / 16 + 1}, q.options().dtype(at::kInt));
+    // The Hopper backward rounds dq to each row's grid (its launcher computes the grid) and adds in
+    // any order (dq_grid.h); the other kernels keep the ordered adds.
+    if (args.deterministic && !args.exp_kind && dq_grid_enabled()) {
+      buf.dq_grid = at::empty({B, H, I}, q.options().dtype(at::kFloat));
+      buf.dq_grid_kv = at::zeros({B, Hkv, 2}, q.options().dtype(at::kInt));
+    }
   }
   buf.dk = at::empty({B, Hkv, J, D}, q.options());
   buf.dv = dv_out.defined() ? dv_out : at::empty({B, Hkv, J, D}, q.options());
@@ -271,6 +281,29 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
 
 bool fused_supports_head_dim(int64_t d) { return fc::supports_head_dim(int(d)); }
 
+at::Tensor dq_grid_constants_cuda(const at::Tensor& dout, const at::Tensor& k, const at::Tensor& v, double scale) {
+  const char* where = "flashcos dq_grid_constants_cuda";
+  TORCH_CHECK(dout.is_cuda() && is_16bit(dout.scalar_type()) && k.scalar_type() == dout.scalar_type() &&
+                  v.scalar_type() == dout.scalar_type() && dout.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() &&
+                  k.size(1) > 0 && dout.size(1) % k.size(1) == 0 && k.size(3) == dout.size(3),
+              where, ": dout (B, H, I, D) and k, v (B, Hkv, J, D), fp16 / bf16 CUDA tensors of one dtype, got ",
+              dout.sizes(), " ", dout.scalar_type(), ", ", k.sizes(), ", ", v.sizes());
+  const c10::cuda::CUDAGuard guard(dout.device());
+  const at::Tensor d = dout.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  CoreArgs args;
+  args.scale = scale;
+  fc::BwdParams p;
+  fill_common(p, d, kc, vc, at::Tensor(), at::Tensor(), args);
+  p.dout = d.data_ptr();
+  p.do_b_stride = d.stride(0), p.do_h_stride = d.stride(1), p.do_i_stride = d.stride(2);
+  at::Tensor grid = at::empty({d.size(0), d.size(1), d.size(2)}, d.options().dtype(at::kFloat));
+  const at::Tensor kv = at::zeros({k.size(0), k.size(1), 2}, d.options().dtype(at::kInt));
+  p.dq_grid = grid.data_ptr<float>();
+  p.dq_grid_kv = reinterpret_cast<unsigned*>(kv.data_ptr<int>());
+  C10_CUDA_CHECK(fc::run_dq_grid(p, c10::cuda::getCurrentCUDAStream()));
+  return grid;
+}
+
 #else  // no CUDA in this build
 
 ForwardResult fused_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -287,6 +320,10 @@ BackwardResult fused_backward(const at::Tensor&, const at::Tensor&, const at::Te
 
 bool fused_supports_head_dim(int64_t d) {
   return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
+}
+
+at::Tensor dq_grid_constants_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
+  TORCH_CHECK(false, "flashcos: this build has no CUDA kernels");
 }
 
 #endif

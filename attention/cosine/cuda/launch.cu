@@ -13,6 +13,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "attention/cosine/cuda/dq_grid.cuh"
 #include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/launch_templates.h"
 #include "attention/common/cuda/static_switch.h"
@@ -137,6 +138,11 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
         return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_simt_bwd<T, kD>(p, stream); });
       });
   }
+}
+
+cudaError_t run_dq_grid(const BwdParams& p, cudaStream_t stream) {
+  if (!is_16bit(p.dtype)) return cudaErrorInvalidValue;
+  return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] { return launch_dq_grid<T>(p, stream); });
 }
 
 }  // namespace flashcos::cuda

@@ -95,6 +95,15 @@ struct BwdParams : CommonParams {
   // deterministic, each block's steps backwards (hopper::DqTurns). Set by its launcher.
   int head_group = 0;
   bool det_reverse = false;
+  // Deterministic dq on the Hopper backward (its kFixed instance), or nullptr: (B, H, I) float, row
+  // i's constant c_i = 1.5 * 2^(u_i + 23), written by the launcher's grid kernels (dq_grid.cuh) from
+  // dq_grid_kv ((B, Hkv, 2) uint32, zeroed by the caller). Each key block rounds its part of the row
+  // to a multiple of 2^u_i, (x + c_i) - c_i, before adding it to dq_accum, and u_i is such that
+  // every partial sum is exact in float32 (attention/cosine/dq_grid.h): the sum is then the same in
+  // any order, and the adds need no turns. The other kernels ignore both (dq_semaphore orders their
+  // adds).
+  float* dq_grid = nullptr;
+  unsigned* dq_grid_kv = nullptr;
 };
 
 // Whether the 16-bit forward needs the online-max variant (fwd_kernel.cuh's header explains the
@@ -124,5 +133,8 @@ int64_t hopper_bwd_launches();
 int64_t hopper_launches();
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+// The deterministic mode's dQ grid alone (dq_grid.cuh; fp16 / bf16): params.dq_grid from dout, k, v,
+// scale and the zeroed params.dq_grid_kv. For tests.
+cudaError_t run_dq_grid(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace flashcos::cuda

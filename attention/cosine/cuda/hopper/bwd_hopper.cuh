@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "attention/cosine/cuda/dq_grid.cuh"
 #include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/bwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/tuning.h"
@@ -46,6 +47,11 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     hopper::BwdTmaMaps maps;
     // The maps have the head dim p.D (<= D): columns past it load as zeros.
     if (p.D > D) return cudaErrorNotSupported;
+    // Deterministic with p.dq_grid: the kFixed instance (dQ rounded to each row's grid, whose sums
+    // do not depend on the order of the adds) in the plain kernel's order. Not for
+    // FLASHCOS_HOPPER_BWD=ws-det-serial (!kDetAhead), a comparison variant of the ordered adds.
+    constexpr bool kMayFix = kTmaDq && kDetAhead;
+    const bool fixed = kMayFix && p.dq_semaphore != nullptr && p.dq_grid != nullptr && p.dq_grid_kv != nullptr;
     const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, p.D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
     const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, p.D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
     const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, p.D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
@@ -59,9 +65,13 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     }
     const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
+    if (fixed) {  // the rows' grid constants (dq_grid.cuh)
+      const cudaError_t grid = launch_dq_grid<T>(p, stream);
+      if (grid != cudaSuccess) return grid;
+    }
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
-    const bool det = p.dq_semaphore != nullptr;
+    const bool det = p.dq_semaphore != nullptr && !fixed;
     int sms = 0;  // the deterministic rotated order keeps a band within the SMs
     if (det) {
       int device = 0;
@@ -70,11 +80,18 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
       if (attr != cudaSuccess) return attr;
     }
     BwdParams banded = p;
+    if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
     auto kernel = p.bias != nullptr ? (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>)
                                     : (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>);
+    if constexpr (kMayFix) {
+      if (fixed) {
+        kernel = p.bias != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, true, true>
+                                   : hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, true>;
+      }
+    }
     return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
   }
 }

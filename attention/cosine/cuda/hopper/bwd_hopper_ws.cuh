@@ -46,10 +46,15 @@
 //   ds_full[b]   the 256 consumer threads stored step it's dS^T into buffer b = it % 2
 //   ds_empty[b]  the 8 consumer warps whose dQ(it) MMA read it (it is rewritten in step it + 2)
 //   dq_full[c] / dq_empty[c]   kTmaDq: consumer c stored its dQ part / the reduction has read it
-// Deterministic mode (kDet, dq_semaphore.cuh): with kTmaDq the producer's dQ warp keeps a fixed
-// order of the adds into each dQ unit (DqTurns: key-block order, or rotated inside a band; it waits
-// on the unit's counter before the reduction and counts the unit once the reduction has completed);
-// without it the consumers order their atomics.
+// Deterministic mode, two ways. kFixed (the default where the launcher gets p.dq_grid: the cosine
+// kind): each consumer rounds its dQ part of row i to a multiple of the row's unit, (x + c_i) -
+// c_i, chosen so that every partial sum of the row is exact in fp32 (attention/cosine/dq_grid.h):
+// the TMA reductions then give the same sum in any order, and it is otherwise the plain kernel, in
+// its order, with no waits. kDet (the exp kind, and FLASHCOS_DQ_FIXED=0; dq_semaphore.cuh): with
+// kTmaDq the producer's dQ warp keeps a fixed order of the adds into each dQ unit (DqTurns:
+// key-block order, or rotated inside a band; it waits on the unit's counter before the reduction
+// and counts the unit once the reduction has completed); without it the consumers order their
+// atomics.
 // Timings of every version: docs/kernels-tried.md, "Timings of the versions".
 #pragma once
 
@@ -64,7 +69,8 @@
 
 namespace flashcos::cuda::hopper {
 
-template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false>
+template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false,
+          bool kFixed = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -205,6 +211,17 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     fence_proxy_async();
     mbar_arrive(bar_dq_full + c);
   };
+  // kFixed: the grid constants c_i (p.dq_grid) of this thread's two rows of the step whose dQ is
+  // flushed next, loaded a step ahead (at the end of that step).
+  float grid_c[2] = {0.f, 0.f};
+  auto load_grid = [&](int m0s, int hs) {
+    if constexpr (kFixed) {
+      const float* gc = p.dq_grid + (int64_t(b) * H + hs) * I;
+#pragma unroll
+      for (int e0 = 0; e0 < 2; ++e0)
+        grid_c[e0] = __ldg(gc + min(m0s + (kSplitRows ? c * 64 : 0) + warp * 16 + g + 8 * e0, I - 1));
+    }
+  };
   auto flush_dq = [&](int it) {
     if constexpr (kTmaDq) {
       // This consumer's part into its staging tile (SW128, fp32: 4 floats per 16-byte chunk), for
@@ -217,9 +234,13 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kNQ / 8; ++i) {
           const int cb = 8 * (i % 4) + 2 * t;  // column inside the 32-column box i / 4
+          float x0 = rdQ[4 * i + 2 * e0] * dqk_scale, x1 = rdQ[4 * i + 2 * e0 + 1] * dqk_scale;
+          if constexpr (kFixed) {  // to the row's grid: (x + c) - c, not fused or reassociated
+            x0 = __fadd_rn(__fadd_rn(x0, grid_c[e0]), -grid_c[e0]);
+            x1 = __fadd_rn(__fadd_rn(x1, grid_c[e0]), -grid_c[e0]);
+          }
           *reinterpret_cast<float2*>(tile + (i / 4) * Tile::kDqBoxBytes + r * kSw128Row + (((cb / 4) ^ (r % 8)) * 16) +
-                                     (cb % 4) * 4) =
-              make_float2(rdQ[4 * i + 2 * e0] * dqk_scale, rdQ[4 * i + 2 * e0 + 1] * dqk_scale);
+                                     (cb % 4) * 4) = make_float2(x0, x1);
         }
       }
       // Handed to the producer (fence, dq_full) at the start of the next step, or here after
@@ -315,6 +336,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     constexpr bool kPrev = decltype(prev)::value;
     const int m0 = m0_next;
     [[maybe_unused]] const int h = h_next;
+
     mbar_wait(bar_full + stage, phase);
     if (it == 0 && c == 1) named_bar_sync<1, kConsumerThreads>();  // start half a step after consumer 0
     const float* sRowCs = sRowC + stage * Tile::kStatSlots + t * Tile::kStatStride;  // this thread's rows
@@ -510,6 +532,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       stage = 0;
       phase ^= 1;
     }
+    load_grid(m0, h);  // kFixed: this step's rows, flushed in the next step
   };
   if (n_iters > 0) run_step(0, std::false_type{});
   for (int it = 1; it < n_iters; ++it) run_step(it, std::true_type{});
