@@ -159,7 +159,7 @@ cxxopts::Options make_options() {
                "SDPA gets the same bias as attn_mask, without a gradient", text("none"))
       ("scale", "attention scale", text("10"))
       ("include-l2norm", "time the l2 normalisation of q and k too (default: outside the timing)")
-      ("deterministic", "our fused backward in its deterministic mode (bit-identical gradients; dq added in a fixed order)")
+      ("deterministic", "our fused backward in its deterministic mode (bit-identical gradients; dq summed independently of the order of its parts)")
       ("fastmax-p", "fastmax polynomial order 1 | 2", text("2"))
       ("fastmax-normalize", "fastmax: rescale q, k per token to norm --fastmax-lim")
       ("fastmax-lim", "fastmax normalize radius", text("1"))

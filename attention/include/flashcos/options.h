@@ -53,11 +53,13 @@ struct AttentionOptions {
   /// Position of key 0; query i sits at position_offset + (J - I) + i (bottom-right aligned, as the
   /// causal mask), so a decode step with one query against J cached keys passes the cache's start.
   TORCH_ARG(int64_t, position_offset) = 0;
-  /// Bit-identical gradients from run to run: the fused backward adds dq's per-key-block parts in a
-  /// fixed order (each CUDA block waits for the one before it) and writes dbias per (batch, head)
-  /// before summing it over the broadcast dim, instead of racing float atomics. Costs backward time
-  /// (`./train bench --deterministic` measures it) and, with a bias, B x H x I x J floats. The tiled
-  /// and plain paths are deterministic anyway.
+  /// Bit-identical gradients from run to run: instead of racing float atomics, the fused backward
+  /// makes dq's sum independent of the order of its per-key-block parts (the Hopper kernels, cosine
+  /// kind: each part rounded to a per-row grid on which every float32 add is exact, dq then exact to
+  /// about 2^-11 of its row's largest element; otherwise the parts are added in a fixed order, each
+  /// CUDA block waiting for the one before it), and writes dbias per (batch, head) before summing it
+  /// over the broadcast dim. Costs backward time (`./train bench --deterministic` measures it) and,
+  /// with a bias, B x H x I x J floats. The tiled and plain paths are deterministic anyway.
   TORCH_ARG(bool, deterministic) = false;
 };
 
