@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/params.h"
 #endif
 #include "attention/cosine/dq_grid.h"
@@ -247,7 +248,9 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
     if (args.deterministic) buf.dq_semaphore = at::zeros({B, H, (I + 15) / 16 + 1}, q.options().dtype(at::kInt));
     // The Hopper backward rounds dq to each row's grid (its launcher computes the grid) and adds in
     // any order (dq_grid.h); the other kernels keep the ordered adds.
-    if (args.deterministic && !args.exp_kind && dq_grid_enabled()) {
+    // FLASHCOS_DQ_GRID=0: the ordered adds everywhere, for comparisons (read once).
+    static const bool grid_on = fc::env_switch_on("FLASHCOS_DQ_GRID");
+    if (args.deterministic && !args.exp_kind && grid_on) {
       buf.dq_grid = at::empty({B, H, I}, q.options().dtype(at::kFloat));
       buf.dq_grid_kv = at::zeros({B, Hkv, 2}, q.options().dtype(at::kInt));
     }

@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <cstdlib>
 
 namespace flashcos::detail {
 
@@ -24,14 +23,6 @@ at::Tensor dq_grid_constants(const at::Tensor& dout, const at::Tensor& k, const 
   // A zero bound (a zero do_i: its dq is 0) gets the unit 2^-100, far inside float32's range.
   const at::Tensor bound = (do_norm * vk.unsqueeze(-1) * (2.5 * std::abs(scale))).clamp_min(std::ldexp(1.0, -78));
   return (1.5 * at::exp2(at::ceil(at::log2(bound)) + 1.0)).to(at::kFloat);  // 1.5 * 2^(u + 23), u = ceil - 22
-}
-
-bool dq_grid_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("FLASHCOS_DQ_GRID");
-    return env == nullptr || env[0] != '0';
-  }();
-  return on;
 }
 
 }  // namespace flashcos::detail

@@ -34,8 +34,4 @@ at::Tensor dq_grid_constants(const at::Tensor& dout, const at::Tensor& k, const 
 // for tests: fp16 / bf16 CUDA tensors; throws in a build without CUDA (cuda_ops.cpp).
 at::Tensor dq_grid_constants_cuda(const at::Tensor& dout, const at::Tensor& k, const at::Tensor& v, double scale);
 
-// Whether the deterministic mode adds dq on the grid where it can (FLASHCOS_DQ_GRID=0: the ordered
-// adds everywhere, for comparisons; read once).
-bool dq_grid_enabled();
-
 }  // namespace flashcos::detail

@@ -1,5 +1,5 @@
 // The deterministic mode's dQ grid on the GPU (the math and the bound: attention/cosine/dq_grid.h,
-// whose libtorch dq_grid_constants is the reference the GPU tests compare with):
+// whose libtorch dq_grid_constants is the reference tests/test_dq_grid.cpp compares these with):
 //   kv pass:  m_v = max_j |v_j|_2 and m_k = max_jd |k_jd| of each (b, kv head), by atomicMax on the
 //             bits of the non-negative floats (NaN's bits order above every number, so a NaN wins)
 //             into p.dq_grid_kv, zeroed by the caller;
