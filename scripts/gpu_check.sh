@@ -26,7 +26,8 @@
 # bf16 / fp16, d64 / d128, n 8192 / 16384, causal or not, for each of BWD_KINDS (default "ws-atomic ws"),
 # BWDKINDS_ROUNDS (default 2) rounds. The table lists TFLOP/s in that order. STEP_TIMEOUT: seconds
 # allowed to each of these commands (none by default).
-# determinism: backward time with and without --deterministic (bf16 d64 / d128, n 8192, causal or not).
+# determinism: backward time plain, --deterministic (the dQ grid) and --deterministic with the ordered
+# adds (FLASHCOS_DQ_GRID=0), bf16 d64 / d128, n 8192, causal or not.
 # coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
 # (--mask-prob 0.1), a head bias with its gradient (--bias head), bf16 n 8192 causal.
 # quality-seeds: two programs (QUALITY_A_ENV, QUALITY_B_ENV) over QUALITY_SEEDS with the quality recipe, paired by seed,
@@ -393,10 +394,13 @@ fi
 
 if has determinism; then
   for c in "" "--causal"; do
-    for det in "" "--deterministic"; do
-      "$TRAIN" bench $c $det --impls fused --only-backwards --dtype bf16 --dim-head 64,128 --seq-lens 8192 \
-          --batch 4 --heads 8 --rounds 2 > "$LOG/bwd${det}${c}.log" 2>&1
-      row "bwd ${c:-full} ${det:-default} (d64, d128 ms)" "$(fused_col "$LOG/bwd${det}${c}.log" 3)"
+    for mode in plain grid ordered; do  # ordered: the deterministic adds in a fixed order (FLASHCOS_DQ_GRID=0)
+      det=--deterministic; genv=""
+      [ $mode = plain ] && det=""
+      [ $mode = ordered ] && genv=FLASHCOS_DQ_GRID=0
+      env $genv "$TRAIN" bench $c $det --impls fused --only-backwards --dtype bf16 --dim-head 64,128 --seq-lens 8192 \
+          --batch 4 --heads 8 --rounds 2 > "$LOG/bwd_${mode}${c}.log" 2>&1
+      row "bwd ${c:-full} $mode (d64, d128 ms)" "$(fused_col "$LOG/bwd_${mode}${c}.log" 3)"
     done
   done
 fi
