@@ -28,8 +28,10 @@
 #define FLASHCOS_HAVE_NCCL 1
 #endif
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <unistd.h>  // environ
 
 #include "common/log.h"
 
@@ -127,6 +129,26 @@ DataParallel::~DataParallel() {
 std::string DataParallel::describe() const {
   return strf("rank %d of %d (local %d), %s, rendezvous %s:%d (%s)", env_.rank, env_.world_size, env_.local_rank,
               backend_.c_str(), env_.master_addr.c_str(), env_.master_port, env_.source.c_str());
+}
+
+std::string DataParallel::backend_settings() const {
+  std::string out = "Gloo";
+#ifdef FLASHCOS_HAVE_NCCL
+  if (backend_ == "nccl") out = "NCCL " + c10d::getNcclVersion();
+#endif
+  // Every NCCL_* variable and the multicast switches of PyTorch / NVSHMEM, sorted by name.
+  std::vector<std::string> set;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("NCCL_", 0) == 0 || kv.rfind("TORCH_NCCL_", 0) == 0 || kv.rfind("TORCH_SYMM_MEM_", 0) == 0 ||
+        kv.rfind("NVSHMEM_DISABLE_NVLS", 0) == 0 || kv.rfind("GLOO_", 0) == 0)
+      set.push_back(kv);
+  }
+  std::sort(set.begin(), set.end());
+  out += ";";
+  if (set.empty()) out += " no NCCL_* / GLOO_* variables set";
+  for (const auto& kv : set) out += " " + kv;
+  return out;
 }
 
 std::string DataParallel::rank_error(const std::string& what) const {

@@ -63,6 +63,9 @@ class DataParallel {
   const c10::Device& device() const { return device_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   std::string describe() const;  // "rank 1 of 4 (local 1), nccl, master host:port (torchrun)"
+  // The communication library's version and the settings it reads from the environment, as set in
+  // this process: "NCCL 2.27.7; NCCL_NVLS_ENABLE=0 ..." (or "none set"); "Gloo" for Gloo.
+  std::string backend_settings() const;
 
   // Copies rank 0's values into every rank's tensors (in place; one coalesced broadcast per dtype).
   void broadcast_from_main(const std::vector<at::Tensor>& tensors);

@@ -23,7 +23,40 @@ std::string launching_ops(const std::map<std::string, int64_t>& ops) {
   return strf("  [%s +%zu more]", top->first.c_str(), ops.size() - 1);
 }
 
+// Sorted, disjoint union of intervals (empty ones dropped).
+std::vector<Interval> merged(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<Interval> out;
+  for (const auto& [s, e] : v) {
+    if (e <= s) continue;
+    if (!out.empty() && s <= out.back().second) {
+      out.back().second = std::max(out.back().second, e);
+    } else {
+      out.emplace_back(s, e);
+    }
+  }
+  return out;
+}
+
+bool is_communication(const std::string& kernel) { return kernel.rfind("nccl", 0) == 0; }
+
 }  // namespace
+
+uint64_t uncovered_ns(std::vector<Interval> a, std::vector<Interval> b) {
+  const auto ua = merged(std::move(a)), ub = merged(std::move(b));
+  uint64_t out = 0;
+  size_t j = 0;
+  for (const auto& [s, e] : ua) {
+    uint64_t at = s;  // the part of [s, e) before `at` is accounted for
+    while (j < ub.size() && ub[j].second <= at) ++j;
+    for (size_t k = j; k < ub.size() && ub[k].first < e; ++k) {
+      if (ub[k].first > at) out += ub[k].first - at;
+      at = std::max(at, std::min(e, ub[k].second));
+    }
+    if (at < e) out += e - at;
+  }
+  return out;
+}
 
 void start_step_profile() {
   if (impl::profilerEnabled()) throw std::runtime_error("--profile-steps: a profiler is already running");
@@ -51,8 +84,10 @@ std::string stop_step_profile(int64_t steps, const std::string& trace_path, int 
   }
   std::map<std::string, Entry> by_name;
   uint64_t total_ns = 0, first_ns = UINT64_MAX, last_ns = 0;
+  std::vector<Interval> comm, compute;  // kernels' [start, end), for the exposed communication
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    (is_communication(e.name()) ? comm : compute).emplace_back(e.startNs(), e.endNs());
     auto& entry = by_name[e.name()];
     entry.ns += e.durationNs();
     entry.count += 1;
@@ -71,6 +106,12 @@ std::string stop_step_profile(int64_t steps, const std::string& trace_path, int 
   std::string out = strf("profile over %lld steps: GPU busy %.2f ms/step of a %.2f ms/step span (%zu kernel names)\n",
                          static_cast<long long>(steps), total_ns / per_step,
                          last_ns > first_ns ? (last_ns - first_ns) / per_step : 0.0, rows.size());
+  if (!comm.empty()) {
+    uint64_t comm_ns = 0;
+    for (const auto& [s, e] : merged(comm)) comm_ns += e - s;
+    out += strf("communication (nccl kernels): %.2f ms/step, exposed (no other kernel running) %.2f ms/step\n",
+                comm_ns / per_step, uncovered_ns(comm, compute) / per_step);
+  }
   out += strf("  %9s %6s %8s  %s  [launching op]\n", "ms/step", "%", "calls", "kernel");
   uint64_t rest_ns = 0;
   int64_t rest_count = 0;

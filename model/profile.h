@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace flashcos::model {
 
@@ -15,6 +17,12 @@ void start_step_profile();
 
 // Stops recording, saves the trace to `trace_path` (skipped when empty), and returns the report:
 // GPU time per step of the `top` costliest kernel names, the rest summed, and the GPU busy total.
+// In a data-parallel run it also gives the communication kernels' (nccl*) time per step and how
+// much of it is exposed: time when a communication kernel runs and no other kernel does.
 std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top = 30);
+
+// [start, end) intervals: the total length of `a`'s union not covered by `b`'s union (ns).
+using Interval = std::pair<uint64_t, uint64_t>;
+uint64_t uncovered_ns(std::vector<Interval> a, std::vector<Interval> b);
 
 }  // namespace flashcos::model

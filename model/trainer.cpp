@@ -255,6 +255,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
                  cfg.model.num_parameters() / 1e6, cfg.model.attention.c_str(), cfg.model.attention_impl.c_str()));
   if (dp) {
     log::info("  parallel    " + dp->describe());
+    log::info("  comm        " + dp->backend_settings());
     log::info(strf("  batch       %lld x %lld accum x %lld ranks x %lld tokens = %lld tokens/step (global batch %lld)",
                    static_cast<long long>(cfg.batch), static_cast<long long>(cfg.grad_accum),
                    static_cast<long long>(world), static_cast<long long>(cfg.seq_len),

@@ -107,6 +107,7 @@ TEST_F(DistributedTrain, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("rank 0 of 2"), std::string::npos) << two.output;
   EXPECT_NE(two.output.find("global batch 8"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("comm        Gloo;"), std::string::npos) << "the backend and its settings\n" << two.output;
   const RunResult one = run_shell(single() + train_args("one", 4, 5));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_EQ(one.output.find("rank"), std::string::npos) << "single process mentions ranks:\n" << one.output;
