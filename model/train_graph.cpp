@@ -107,12 +107,15 @@ at::Tensor TrainStepGraph::run(const at::Tensor&) { throw std::invalid_argument(
 bool train_graph_compiled() { return false; }
 #endif
 
-std::string train_graph_off_reason(const std::string& setting, const c10::Device& device, bool distributed,
-                                   bool loss_scaling) {
+std::string train_graph_off_reason(const std::string& setting, const c10::Device& device,
+                                   bool every_micro_step_reduces, bool loss_scaling) {
   if (setting == "off") return "--cuda-graph off";
   if (!device.is_cuda()) return "not a CUDA device";
   if (!train_graph_compiled()) return "this build has no CUDA";
-  if (distributed) return "several processes (the gradient all-reduce runs in backward hooks)";
+  if (every_micro_step_reduces) {
+    return "data parallel with --grad-accum 1 (every micro-step all-reduces gradients in backward hooks, which a "
+           "replay does not run)";
+  }
   if (loss_scaling) return "fp16's dynamic loss scale changes between steps";
   return "";
 }

@@ -56,10 +56,12 @@ class GraphStreamScope {
 bool train_graph_compiled();
 
 // Why the trainer's micro-steps are not captured ("" when they are): --cuda-graph off, no CUDA
-// device or build, several processes (the gradient all-reduce runs in backward hooks), or fp16's
-// dynamic loss scale (it changes between steps).
-std::string train_graph_off_reason(const std::string& setting, const c10::Device& device, bool distributed,
-                                   bool loss_scaling);
+// device or build, data parallel with every micro-step reducing (`every_micro_step_reduces`:
+// --grad-accum 1; the all-reduce runs in backward hooks, which a replay does not run; with more
+// micro-steps only those before the last are replayed), or fp16's dynamic loss scale (it changes
+// between steps).
+std::string train_graph_off_reason(const std::string& setting, const c10::Device& device,
+                                   bool every_micro_step_reduces, bool loss_scaling);
 
 // Zeroes the defined gradients of `params` in place, by one multi-tensor kernel (a fill per
 // parameter cost ~100 launches a step).

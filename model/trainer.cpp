@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -28,6 +29,7 @@
 #include "model/checkpoint.h"
 #include "model/device.h"
 #include "model/distributed.h"
+#include "model/fused/grad_accumulate.h"
 #include "model/generate.h"
 #include "model/gpt.h"
 #include "model/loss_scaler.h"
@@ -352,7 +354,9 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   const bool tty = isatty(fileno(stderr));
   // --cuda-graph (train_graph.h): from this run's second step on, every micro-step replays one
   // captured graph. auto leaves it off quietly where it does not apply; on says why.
-  const std::string graph_off = train_graph_off_reason(cfg.cuda_graph, device, dp != nullptr, precision.loss_scaling);
+  // [dp] only the micro-steps before the last of each step are replayed (the last one all-reduces).
+  const std::string graph_off =
+      train_graph_off_reason(cfg.cuda_graph, device, dp != nullptr && cfg.grad_accum == 1, precision.loss_scaling);
   if (cfg.cuda_graph == "on" && !graph_off.empty()) log::warn("--cuda-graph on: not used: " + graph_off);
   // One micro-batch's loss over grad_accum, under autocast where the precision asks for it (the
   // eager micro-step and the captured one).
@@ -371,8 +375,10 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     });
   }
   if (main_rank) {
-    log::info(graph_step ? "  cuda graph  on: micro-steps replayed from one CUDA graph after the first step"
-                         : "  cuda graph  off (" + graph_off + ")");
+    log::info(!graph_step ? "  cuda graph  off (" + graph_off + ")"
+              : dp        ? "  cuda graph  on: micro-steps before each step's last (which all-reduces) replayed from one "
+                            "CUDA graph after the first step"
+                          : "  cuda graph  on: micro-steps replayed from one CUDA graph after the first step");
   }
   model->train();
   reset_peak_memory(device);
@@ -415,7 +421,13 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     at::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       auto batch = sampler.next();
-      if (graph_step && state.step > first_step) {
+      if (dp) batch = batch.slice(0, dp->rank() * cfg.batch, (dp->rank() + 1) * cfg.batch);
+      // [dp] only the last micro-batch's backward averages gradients over ranks (no_sync before;
+      // the Reducer's hooks then do nothing, and the fused operators may add into .grad themselves).
+      const bool reduce_now = dp && micro == cfg.grad_accum - 1;
+      std::optional<fused::IdleAccumulatorPostHooks> hooks_idle;
+      if (dp && !reduce_now) hooks_idle.emplace();
+      if (graph_step && state.step > first_step && !reduce_now) {
         try {
           step_loss += graph_step->run(batch);  // the first call captures
           continue;
@@ -424,10 +436,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
           graph_step.reset();
         }
       }
-      if (dp) batch = batch.slice(0, dp->rank() * cfg.batch, (dp->rank() + 1) * cfg.batch);
       batch = batch.to(device, /*non_blocking=*/true);
-      // [dp] only the last micro-batch's backward averages gradients over ranks (no_sync before).
-      const bool reduce_now = dp && micro == cfg.grad_accum - 1;
       if (reduce_now) dp->prepare_for_forward();
       const at::Tensor loss = micro_loss(batch);
       if (reduce_now) dp->prepare_for_backward(loss);

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "model/fused/grad_accumulate.h"
 #include "model/fused/linear.h"
 #include "model/fused/switch.h"
 #include "model/fused/weight_copy.h"
@@ -134,17 +135,19 @@ TEST(LinearFromCopy, HookedWeightGetsItsGradientThroughAutograd) {
 // what was accumulated): the hook must run once per backward and find the gradient in .grad (the
 // Function then hands the gradient to autograd's accumulation, grad_accumulate.h).
 struct CountingPostHook : torch::autograd::FunctionPostHook {
-  explicit CountingPostHook(int* calls, const at::Tensor* w, at::Tensor* grad_seen)
-      : calls_(calls), w_(w), grad_seen_(grad_seen) {}
+  explicit CountingPostHook(int* calls, const at::Tensor* w, at::Tensor* grad_seen, bool* input_defined = nullptr)
+      : calls_(calls), w_(w), grad_seen_(grad_seen), input_defined_(input_defined) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
+                                            const torch::autograd::variable_list& inputs) override {
     ++*calls_;
     *grad_seen_ = w_->grad().clone();
+    if (input_defined_) *input_defined_ = !inputs.empty() && inputs[0].defined();
     return outputs;
   }
   int* calls_;
   const at::Tensor* w_;
   at::Tensor* grad_seen_;
+  bool* input_defined_;
 };
 
 TEST(LinearFromCopy, AccumulatorPostHookSeesTheAccumulatedGradient) {
@@ -163,6 +166,52 @@ TEST(LinearFromCopy, AccumulatorPostHookSeesTheAccumulatedGradient) {
   ASSERT_TRUE(seen.defined());
   EXPECT_LE(ft::max_abs_diff(seen, dw0), 1e-5);
   EXPECT_LE(ft::max_abs_diff(ws[1].grad(), at::mm(dy.narrow(1, 6, 10).t(), x.detach())), 1e-5);
+}
+
+// The trainer's no_sync micro-steps: inside IdleAccumulatorPostHooks the weight gradient is added
+// into .grad by the Function itself, and autograd's accumulator gets no gradient (its post hook
+// still runs, with an undefined input: the Reducer's returns at once then); after the scope, the
+// next backward hands the gradient to autograd's accumulation again and the hook sees the sum of
+// both micro-steps.
+TEST(LinearFromCopy, IdlePostHooksLetTheFunctionAddIntoGradThenTheHookSeesTheSum) {
+  auto ws = make_weights({6, 10}, 5, at::TensorOptions());
+  int calls = 0;
+  at::Tensor seen;
+  const auto accumulator = torch::autograd::impl::grad_accumulator(ws[0]);
+  bool hook_input_defined = false;
+  accumulator->add_post_hook(std::make_unique<CountingPostHook>(&calls, &ws[0], &seen, &hook_input_defined));
+  for (auto& w : ws) w.mutable_grad() = at::randn(w.sizes());  // accumulated by earlier micro-steps
+  const at::Tensor g0 = ws[0].grad().clone(), g1 = ws[1].grad().clone();
+  const void* storage = ws[0].grad().data_ptr();
+  fused::WeightCopy copy;
+  const at::Tensor xa = at::randn({7, 5}).requires_grad_(true), xb = at::randn({3, 5}).requires_grad_(true);
+  const at::Tensor dya = at::randn({7, 16}), dyb = at::randn({3, 16});
+  {
+    fused::IdleAccumulatorPostHooks idle;
+    {
+      at::NoGradGuard no_grad;  // as in a backward
+      EXPECT_TRUE(fused::grad_accumulates_here(ws[0]));
+    }
+    fused::linear_from_copy(xa, copy.get(ws, at::kFloat), ws).backward(dya);
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(hook_input_defined) << "the Function handed the hooked gradient to autograd inside the idle scope";
+  EXPECT_EQ(ws[0].grad().data_ptr(), storage) << ".grad was replaced instead of added into";
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_FALSE(fused::grad_accumulates_here(ws[0])) << "the scope is closed: the hook must be honoured";
+  }
+  fused::linear_from_copy(xb, copy.get(ws, at::kFloat), ws).backward(dyb);
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(hook_input_defined) << "outside the scope the gradient must go through the hooked accumulator";
+  const auto dw = [&](const at::Tensor& dy, const at::Tensor& x, int64_t row, int64_t rows) {
+    return at::mm(dy.narrow(1, row, rows).t(), x.detach());
+  };
+  const at::Tensor want0 = g0 + dw(dya, xa, 0, 6) + dw(dyb, xb, 0, 6);
+  ASSERT_TRUE(seen.defined());
+  EXPECT_LE(ft::max_abs_diff(seen, want0), 1e-5) << "the hook did not see both micro-steps' sum";
+  EXPECT_LE(ft::max_abs_diff(ws[0].grad(), want0), 1e-5);
+  EXPECT_LE(ft::max_abs_diff(ws[1].grad(), g1 + dw(dya, xa, 6, 10) + dw(dyb, xb, 6, 10)), 1e-5);
 }
 
 TEST(LinearFromCopy, AutogradGradReturnsWeightGradsAndLeavesDotGradAlone) {

@@ -6,14 +6,23 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <atomic>
+
 namespace flashcos::model::fused {
+namespace {
+std::atomic<int> g_idle_post_hooks{0};  // open IdleAccumulatorPostHooks scopes
+}  // namespace
+
+IdleAccumulatorPostHooks::IdleAccumulatorPostHooks() { g_idle_post_hooks.fetch_add(1); }
+IdleAccumulatorPostHooks::~IdleAccumulatorPostHooks() { g_idle_post_hooks.fetch_sub(1); }
 
 bool grad_accumulates_here(const at::Tensor& param, bool allow_undefined) {
   if (!param.defined() || at::GradMode::is_enabled() || !param.requires_grad() || param.grad_fn()) return false;
   const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
   if (exec_info != nullptr && !exec_info->empty()) return false;
   if (const auto acc = torch::autograd::impl::try_get_grad_accumulator(param)) {
-    if (!acc->pre_hooks().empty() || !acc->tensor_pre_hooks().empty() || !acc->post_hooks().empty() ||
+    const bool post_hooks = !acc->post_hooks().empty() && g_idle_post_hooks.load() == 0;
+    if (!acc->pre_hooks().empty() || !acc->tensor_pre_hooks().empty() || post_hooks ||
         !acc->retains_grad_hooks().empty()) {
       return false;
     }
