@@ -299,7 +299,16 @@ at::Tensor dq_grid_constants_cuda(const at::Tensor& dout, const at::Tensor& k, c
   fill_common(p, d, kc, vc, at::Tensor(), at::Tensor(), args);
   p.dout = d.data_ptr();
   p.do_b_stride = d.stride(0), p.do_h_stride = d.stride(1), p.do_i_stride = d.stride(2);
-  at::Tensor grid = at::empty({d.size(0), d.size(1), d.size(2)}, d.options().dtype(at::kFloat));
+  // The delta kernel computes the rows' constants; its own outputs (from o = dout, l = 1) are dropped.
+  p.o = d.data_ptr();
+  p.o_b_stride = d.stride(0), p.o_h_stride = d.stride(1), p.o_i_stride = d.stride(2);
+  const auto f32 = d.options().dtype(at::kFloat);
+  const at::Tensor l = at::ones({d.size(0), d.size(1), d.size(2)}, f32);
+  const at::Tensor scratch = at::empty({2, d.size(0), d.size(1), d.size(2)}, f32);
+  p.l = l.data_ptr();
+  p.delta = scratch[0].data_ptr();
+  p.row_offset = scratch[1].data_ptr();
+  at::Tensor grid = at::empty({d.size(0), d.size(1), d.size(2)}, f32);
   const at::Tensor kv = at::zeros({k.size(0), k.size(1), 2}, d.options().dtype(at::kInt));
   p.dq_grid = grid.data_ptr<float>();
   p.dq_grid_kv = reinterpret_cast<unsigned*>(kv.data_ptr<int>());

@@ -23,47 +23,62 @@
 
 namespace flashcos::cuda {
 
-// Each warp takes a contiguous chunk of the (b, kv head, j) rows of K and V, one row at a time (lane
-// l holds elements l, l + 32, ..), and adds its maxima to a (b, kv head)'s slots when the chunk
-// moves on to the next one or ends: a few atomics per warp.
-template <typename T>
+// kLanes = D / 8 lanes per row of K and V, 16 bytes each (elements 8 t .. 8 t + 7 of lane t; the
+// operands' rows are 16-byte aligned, cuda_ops.cpp makes them so). Each group of kLanes lanes takes
+// a contiguous chunk of the (b, kv head, j) rows, keeps its maxima while the rows stay in one
+// (b, kv head), and adds them to its slots (atomicMax) when the chunk moves on or ends.
+template <typename T, int kLanes>
 __global__ void dq_grid_kv_kernel(const BwdParams p) {
   const int64_t rows = int64_t(p.B) * p.Hkv * p.J;
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t chunk = (rows + warps - 1) / warps;
-  const int64_t row_end = min(rows, (warp + 1) * chunk);
+  const int t = threadIdx.x % kLanes;
+  const int64_t groups = int64_t(gridDim.x) * (blockDim.x / kLanes);
+  const int64_t group = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  const int64_t chunk = (rows + groups - 1) / groups;
+  const int64_t row_end = min(rows, (group + 1) * chunk);
   auto nan_max = [](float a, float x) { return x > a || x != x ? x : a; };  // NaN wins
   float v_max = 0.f, k_max = 0.f;
   int bh_now = -1;
   auto flush = [&] {
-    if (lane == 0 && bh_now >= 0) {
+    if (t == 0 && bh_now >= 0) {
       atomicMax(p.dq_grid_kv + 2 * bh_now, __float_as_uint(v_max));
       atomicMax(p.dq_grid_kv + 2 * bh_now + 1, __float_as_uint(k_max));
     }
     v_max = k_max = 0.f;
   };
-  for (int64_t row = warp * chunk; row < row_end; ++row) {
-    const int j = int(row % p.J);
-    const int bh = int(row / p.J);
+  // Every lane of a warp runs the same number of iterations (the shuffles need them all): groups
+  // past their chunk's end read nothing and add nothing.
+  for (int64_t it = 0; it < chunk; ++it) {
+    const int64_t row = group * chunk + it;
+    const bool in = row < row_end;
+    float ss = 0.f, km = 0.f;
+    int bh = bh_now;
+    if (in) {
+      const int j = int(row % p.J);
+      bh = int(row / p.J);
+      if (t * 8 < p.D) {
+        const int h = bh % p.Hkv, b = bh / p.Hkv;
+        const uint4 vv = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.v) + b * p.v_b_stride +
+                                                         h * p.v_h_stride + int64_t(j) * p.v_j_stride + t * 8);
+        const uint4 kk = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.k) + b * p.k_b_stride +
+                                                         h * p.k_h_stride + int64_t(j) * p.k_j_stride + t * 8);
+        const T* ve = reinterpret_cast<const T*>(&vv);
+        const T* ke = reinterpret_cast<const T*>(&kk);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          ss = fmaf(float(ve[e]), float(ve[e]), ss);
+          km = nan_max(km, fabsf(float(ke[e])));
+        }
+      }
+    }
+#pragma unroll
+    for (int off = kLanes / 2; off > 0; off /= 2) {
+      ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      km = nan_max(km, __shfl_xor_sync(0xffffffffu, km, off));
+    }
+    if (!in) continue;
     if (bh != bh_now) {
       flush();
       bh_now = bh;
-    }
-    const int h = bh % p.Hkv, b = bh / p.Hkv;
-    const T* v = static_cast<const T*>(p.v) + b * p.v_b_stride + h * p.v_h_stride + int64_t(j) * p.v_j_stride;
-    const T* k = static_cast<const T*>(p.k) + b * p.k_b_stride + h * p.k_h_stride + int64_t(j) * p.k_j_stride;
-    float ss = 0.f, km = 0.f;
-    for (int d = lane; d < p.D; d += 32) {
-      const float vd = float(v[d]);
-      ss = fmaf(vd, vd, ss);
-      km = nan_max(km, fabsf(float(k[d])));
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      ss += __shfl_xor_sync(0xffffffffu, ss, off);
-      km = nan_max(km, __shfl_xor_sync(0xffffffffu, km, off));
     }
     v_max = nan_max(v_max, sqrtf(ss));
     k_max = nan_max(k_max, km);
@@ -81,45 +96,27 @@ __device__ __forceinline__ float dq_grid_constant(float bound) {
   return ldexpf(1.5f, ceil_log2 + 1);
 }
 
-// One warp per row of dO.
-template <typename T>
-__global__ void dq_grid_rows_kernel(const BwdParams p) {
-  const int64_t rows = int64_t(p.B) * p.H * p.I;
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int i = int(row % p.I);
-  const int h = int((row / p.I) % p.H);
-  const int b = int(row / (int64_t(p.I) * p.H));
-  const T* dout = static_cast<const T*>(p.dout) + b * p.do_b_stride + h * p.do_h_stride + int64_t(i) * p.do_i_stride;
-  float ss = 0.f;
-  for (int d = lane; d < p.D; d += 32) {
-    const float x = float(dout[d]);
-    ss = fmaf(x, x, ss);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  if (lane == 0) {
-    const int hkv = h / (p.H / p.Hkv);
-    const float v_max = __uint_as_float(p.dq_grid_kv[2 * (b * p.Hkv + hkv)]);
-    const float k_max = __uint_as_float(p.dq_grid_kv[2 * (b * p.Hkv + hkv) + 1]);
-    p.dq_grid[row] = dq_grid_constant(2.5f * fabsf(p.scale) * sqrtf(ss) * v_max * k_max);
-  }
+// Row `row` ((b, h, i) flattened) of p.dq_grid from |do_i|^2 = ss (the delta kernels call it, as
+// they read do_i anyway).
+__device__ __forceinline__ void store_dq_grid_row(const BwdParams& p, int64_t row, int b, int h, float ss) {
+  const int hkv = h / (p.H / p.Hkv);
+  const float v_max = __uint_as_float(p.dq_grid_kv[2 * (b * p.Hkv + hkv)]);
+  const float k_max = __uint_as_float(p.dq_grid_kv[2 * (b * p.Hkv + hkv) + 1]);
+  p.dq_grid[row] = dq_grid_constant(2.5f * fabsf(p.scale) * sqrtf(ss) * v_max * k_max);
 }
 
-// Both passes on `stream`; p.dq_grid_kv zeroed (B, Hkv, 2), p.dq_grid (B, H, I).
+// The K / V pass on `stream` (p.dq_grid_kv zeroed (B, Hkv, 2)); the delta kernel that follows
+// writes p.dq_grid (store_dq_grid_row). fp16 / bf16 rows of D <= 128, D % 8 == 0.
 template <typename T>
-cudaError_t launch_dq_grid(const BwdParams& p, cudaStream_t stream) {
-  if (p.dq_grid == nullptr || p.dq_grid_kv == nullptr) return cudaErrorInvalidValue;
-  const int64_t kv_rows = int64_t(p.B) * p.Hkv * p.J, rows = int64_t(p.B) * p.H * p.I;
-  if (kv_rows == 0 || rows == 0) return cudaSuccess;
-  // About 4 blocks of 8 warps per SM of an H100 over the K / V rows (each warp walks a chunk).
-  const unsigned kv_blocks = unsigned(std::min<int64_t>((kv_rows + 7) / 8, 132 * 4));
-  dq_grid_kv_kernel<T><<<kv_blocks, 256, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  if ((rows + 7) / 8 > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
-  dq_grid_rows_kernel<T><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p);
+cudaError_t launch_dq_grid_kv(const BwdParams& p, cudaStream_t stream) {
+  if (p.dq_grid == nullptr || p.dq_grid_kv == nullptr || p.D > 128 || p.D % 8 != 0) return cudaErrorInvalidValue;
+  const int64_t kv_rows = int64_t(p.B) * p.Hkv * p.J;
+  if (kv_rows == 0) return cudaSuccess;
+  if (p.D <= 64) {
+    dq_grid_kv_kernel<T, 8><<<unsigned(std::min<int64_t>((kv_rows + 31) / 32, 132 * 4)), 256, 0, stream>>>(p);
+  } else {
+    dq_grid_kv_kernel<T, 16><<<unsigned(std::min<int64_t>((kv_rows + 15) / 16, 132 * 4)), 256, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

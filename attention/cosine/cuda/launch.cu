@@ -13,7 +13,7 @@
 #include <atomic>
 #include <type_traits>
 
-#include "attention/cosine/cuda/dq_grid.cuh"
+#include "attention/cosine/cuda/bwd_kernel.cuh"  // launch_delta, and dq_grid.cuh's launch_dq_grid_kv
 #include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/launch_templates.h"
 #include "attention/common/cuda/static_switch.h"
@@ -142,7 +142,10 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
 
 cudaError_t run_dq_grid(const BwdParams& p, cudaStream_t stream) {
   if (!is_16bit(p.dtype)) return cudaErrorInvalidValue;
-  return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] { return launch_dq_grid<T>(p, stream); });
+  return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
+    const cudaError_t err = launch_dq_grid_kv<T>(p, stream);
+    return err != cudaSuccess ? err : launch_delta<T, float>(p, stream);
+  });
 }
 
 }  // namespace flashcos::cuda

@@ -66,7 +66,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
     if (fixed) {  // the rows' grid constants (dq_grid.cuh)
-      const cudaError_t grid = launch_dq_grid<T>(p, stream);
+      const cudaError_t grid = launch_dq_grid_kv<T>(p, stream);  // the delta kernel writes the rows
       if (grid != cudaSuccess) return grid;
     }
     const cudaError_t err = launch_delta<T, float>(p, stream);
