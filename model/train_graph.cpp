@@ -120,6 +120,11 @@ std::string train_graph_off_reason(const std::string& setting, const c10::Device
   return "";
 }
 
+void drop_grads(const std::vector<at::Tensor>& params) {
+  for (const auto& p : params)
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+}
+
 void zero_grads_in_place(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   for (const auto& p : params)

@@ -63,6 +63,11 @@ bool train_graph_compiled();
 std::string train_graph_off_reason(const std::string& setting, const c10::Device& device,
                                    bool every_micro_step_reduces, bool loss_scaling);
 
+// Sets every parameter's .grad to undefined (autograd then takes the next gradient as it comes).
+// libtorch's Optimizer::zero_grad calls detach_() on each .grad first, which throws for a .grad
+// that is a view (fused::linear_from_copy makes q / k / v's gradients row blocks of one buffer).
+void drop_grads(const std::vector<at::Tensor>& params);
+
 // Zeroes the defined gradients of `params` in place, by one multi-tensor kernel (a fill per
 // parameter cost ~100 launches a step).
 void zero_grads_in_place(const std::vector<at::Tensor>& params);

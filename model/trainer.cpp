@@ -224,6 +224,15 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     state = meta.state;
     sampler.load_state(state.sampler_state);
   }
+  // --cuda-graph (train_graph.h): from this run's second step on, every micro-step replays one
+  // captured graph ([dp] only the micro-steps before each step's last, which all-reduces). auto
+  // leaves it off quietly where it does not apply; on says why. The graph's stream is made current
+  // here, before the data-parallel Reducer makes the parameters' gradient accumulators: they keep
+  // the stream they were made on, and one made on another stream breaks the capture.
+  const std::string graph_off =
+      train_graph_off_reason(cfg.cuda_graph, device, dp != nullptr && cfg.grad_accum == 1, precision.loss_scaling);
+  std::unique_ptr<GraphStreamScope> graph_stream;
+  if (graph_off.empty()) graph_stream = std::make_unique<GraphStreamScope>(device);
   if (dp) {
     // [dp] rank 0's weights everywhere (a resumed optimiser state is the same file on every rank),
     // then gradient averaging.
@@ -352,11 +361,6 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   std::signal(SIGHUP, on_stop_signal);
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write (EFBIG) instead of killing us
   const bool tty = isatty(fileno(stderr));
-  // --cuda-graph (train_graph.h): from this run's second step on, every micro-step replays one
-  // captured graph. auto leaves it off quietly where it does not apply; on says why.
-  // [dp] only the micro-steps before the last of each step are replayed (the last one all-reduces).
-  const std::string graph_off =
-      train_graph_off_reason(cfg.cuda_graph, device, dp != nullptr && cfg.grad_accum == 1, precision.loss_scaling);
   if (cfg.cuda_graph == "on" && !graph_off.empty()) log::warn("--cuda-graph on: not used: " + graph_off);
   // One micro-batch's loss over grad_accum, under autocast where the precision asks for it (the
   // eager micro-step and the captured one).
@@ -364,10 +368,8 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     AutocastScope autocast(precision.autocast, device.type(), precision.dtype);
     return model->loss(window) / static_cast<double>(cfg.grad_accum);
   };
-  std::unique_ptr<GraphStreamScope> graph_stream;
   std::unique_ptr<TrainStepGraph> graph_step;
   if (graph_off.empty()) {
-    graph_stream = std::make_unique<GraphStreamScope>(device);
     graph_step = std::make_unique<TrainStepGraph>([&](const at::Tensor& window) {
       const at::Tensor loss = micro_loss(window);
       loss.backward();
@@ -416,7 +418,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     if (graph_step) {
       zero_grads_in_place(params);
     } else {
-      optimizer->zero_grad(/*set_to_none=*/true);
+      drop_grads(params);  // not optimizer->zero_grad: its detach_() refuses .grad views (fused::linear's)
     }
     at::Tensor step_loss = torch::zeros({}, torch::TensorOptions().device(device));
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
