@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [quality-seeds] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [bwdkinds] [determinism] [coverage]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [quality-seeds] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [bwdkinds] [determinism] [coverage] [scaling]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -28,6 +28,12 @@
 # allowed to each of these commands (none by default).
 # determinism: backward time plain, --deterministic (the dQ grid) and --deterministic with the ordered
 # adds (FLASHCOS_DQ_GRID=0), bf16 d64 / d128, n 8192, causal or not.
+# scaling: data-parallel scaling at seq 8192 (docs/scaling.md): the default model, batch 4 per GPU,
+# grad-accum 4, SCALING_STEPS (default 100) steps with --profile-steps 5 and a 64-window validation at
+# the end, on 1 GPU and through scripts/launch.sh on each of SCALING_GPUS (default: 2 and 4, those the
+# machine has), SCALING_ROUNDS (default 2) rounds; then 1-GPU runs of each one's global batch
+# (grad-accum 4N), side by side on separate GPUs. The table: tokens/s, the ratio to 1 GPU, the exposed
+# communication and the validation loss.
 # coverage: ours against SDPA flash / cuDNN beyond the Hopper family's common case: d96, a key mask
 # (--mask-prob 0.1), a head bias with its gradient (--bias head), bf16 n 8192 causal.
 # quality-seeds: two programs (QUALITY_A_ENV, QUALITY_B_ENV) over QUALITY_SEEDS with the quality recipe, paired by seed,
@@ -403,6 +409,39 @@ if has determinism; then
       row "bwd ${c:-full} $mode (d64, d128 ms)" "$(fused_col "$LOG/bwd_${mode}${c}.log" 3)"
     done
   done
+fi
+
+if has scaling; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  sc_steps=${SCALING_STEPS:-100}
+  sc_args=(--data "$DATA" --use-cuda-kernel --seq-len 8192 --batch 4 --log-every 10 --validate-every "$sc_steps"
+           --val-windows 64 --generate-every 0 --save-every 1000000 --checkpoint-dir "$CK" --steps "$sc_steps")
+  sc_tok() { grep -E "step $sc_steps/" "$1" | grep -oE '[0-9.]+k tok/s' | tail -1 | sed 's/k tok\/s//'; }
+  sc_val() { grep -oE 'validation: loss [0-9.]+' "$1" | tail -1 | awk '{print $3}'; }
+  sc_gpus=""
+  for n in ${SCALING_GPUS:-2 4}; do [ "$n" -le "$ngpu" ] && sc_gpus="$sc_gpus $n"; done
+  for r in $(seq 1 "${SCALING_ROUNDS:-2}"); do
+    "$TRAIN" "${sc_args[@]}" --grad-accum 4 --run "scale1_$r" --profile-steps 5 > "$LOG/scale_1_$r.log" 2>&1
+    rc=$?
+    one=$(sc_tok "$LOG/scale_1_$r.log")
+    row "scaling 1 GPU round $r" "rc $rc: ${one:-?}k tok/s, val loss $(sc_val "$LOG/scale_1_$r.log")"
+    for n in $sc_gpus; do
+      MASTER_PORT=$((29650 + n + 10 * r)) scripts/launch.sh --nproc "$n" "$TRAIN" "${sc_args[@]}" --grad-accum 4 \
+          --run "scale${n}_$r" --profile-steps 5 > "$LOG/scale_${n}_$r.log" 2>&1
+      rc=$?
+      tok=$(sc_tok "$LOG/scale_${n}_$r.log")
+      ratio=$(awk -v a="${tok:-0}" -v b="${one:-0}" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "?" }')
+      row "scaling $n GPUs round $r" "rc $rc: ${tok:-?}k tok/s = ${ratio}x, val loss $(sc_val "$LOG/scale_${n}_$r.log"), $(grep -oE 'exposed[^,]*ms/step' "$LOG/scale_${n}_$r.log" | head -1)"
+    done
+  done
+  # 1-GPU runs with each world size's global batch, one per GPU, side by side.
+  gpu=0
+  for n in $sc_gpus; do
+    CUDA_VISIBLE_DEVICES=$gpu "$TRAIN" "${sc_args[@]}" --grad-accum $((4 * n)) --run "equal$n" > "$LOG/scale_equal_$n.log" 2>&1 &
+    gpu=$(( (gpu + 1) % (ngpu > 0 ? ngpu : 1) ))
+  done
+  wait
+  for n in $sc_gpus; do row "scaling 1 GPU, grad-accum $((4 * n))" "val loss $(sc_val "$LOG/scale_equal_$n.log")"; done
 fi
 
 if has coverage; then
