@@ -36,6 +36,7 @@
 #include "model/autocast.h"
 #include "model/optim.h"
 #include "model/profile.h"
+#include "model/run_dir.h"
 #include "model/train_graph.h"
 
 namespace flashcos::model {
@@ -74,36 +75,6 @@ Precision resolve_precision(const std::string& p, const c10::Device& device) {
     return {true, at::kHalf, true, name};
   }
   throw std::invalid_argument("--precision must be auto, bf16, fp16 or fp32, got '" + p + "'");
-}
-
-std::string default_run_name() {
-  std::time_t now = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof(buf), "run-%Y%m%d-%H%M%S", std::localtime(&now));
-  return buf;
-}
-
-// Claims the run folder. A default name (`unique`) that is taken, even by a run started the same
-// second, gets a -2, -3, ... suffix: create_directory is atomic, so two processes never share one.
-fs::path claim_run_dir(const fs::path& checkpoint_dir, std::string& run, bool unique) {
-  fs::create_directories(checkpoint_dir);
-  if (!unique) {
-    fs::create_directories(checkpoint_dir / run);
-    return checkpoint_dir / run;
-  }
-  const std::string base = run;
-  for (int i = 2; !fs::create_directory(checkpoint_dir / run); ++i) run = base + "-" + std::to_string(i);
-  return checkpoint_dir / run;
-}
-
-// The run's own files, removed by --overwrite (never the folder itself or anything else in it).
-constexpr const char* kRunFiles[] = {"latest.pt", "latest.pt.tmp", "metrics.jsonl", "config.json", "profile.json"};
-
-std::string free_space(const fs::path& dir) {
-  std::error_code ec;
-  const auto sp = fs::space(dir, ec);
-  if (ec) return "free space unknown (" + ec.message() + ")";
-  return strf("%.1f MiB free", static_cast<double>(sp.available) / (1024.0 * 1024.0));
 }
 
 std::string format_duration(double seconds) {
