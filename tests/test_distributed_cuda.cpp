@@ -13,13 +13,8 @@
 
 #include <torch/torch.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -29,35 +24,12 @@
 
 namespace {
 
+using train_test::free_port;
+using train_test::metrics;
 using train_test::quote;
 using train_test::RunResult;
 using train_test::run_shell;
 using train_test::TempRun;
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::vector<nlohmann::json> records(const std::string& metrics_path, const std::string& event) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics_path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j["event"] == event) out.push_back(j);
-    }
-  return out;
-}
 
 TEST(DistributedTrainCuda, TwoNcclRanksFollowOneProcessWithTheSameGlobalBatch) {
   if (!torch::cuda::is_available() || torch::cuda::device_count() < 2 || !flashcos::fused_kernels_compiled())
@@ -79,15 +51,15 @@ TEST(DistributedTrainCuda, TwoNcclRanksFollowOneProcessWithTheSameGlobalBatch) {
   const RunResult one = run_shell(quote(FLASHCOS_TRAIN_BIN) + " " + args("one", 4));
   ASSERT_EQ(one.exit_code, 0) << one.output;
 
-  const auto t2 = records(tmp.run_dir("two") + "/metrics.jsonl", "train");
-  const auto t1 = records(tmp.run_dir("one") + "/metrics.jsonl", "train");
+  const auto t2 = metrics(tmp.run_dir("two"), "train");
+  const auto t1 = metrics(tmp.run_dir("one"), "train");
   ASSERT_EQ(t2.size(), 6u) << "rank 0 writes one record per step";
   ASSERT_EQ(t1.size(), 6u);
   for (size_t i = 0; i < t1.size(); ++i)
     EXPECT_NEAR(t2[i]["loss"].get<double>(), t1[i]["loss"].get<double>(), 1e-4) << "step " << i + 1;
   EXPECT_GT(t1[0]["loss"].get<double>() - t1[5]["loss"].get<double>(), 0.05) << "the loss should move";
-  const auto v2 = records(tmp.run_dir("two") + "/metrics.jsonl", "val");
-  const auto v1 = records(tmp.run_dir("one") + "/metrics.jsonl", "val");
+  const auto v2 = metrics(tmp.run_dir("two"), "val");
+  const auto v1 = metrics(tmp.run_dir("one"), "val");
   ASSERT_EQ(v2.size(), 1u);
   ASSERT_EQ(v1.size(), 1u);
   EXPECT_NEAR(v2[0]["loss"].get<double>(), v1[0]["loss"].get<double>(), 1e-4);
