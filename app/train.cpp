@@ -140,7 +140,7 @@ int run_train(int argc, char** argv) {
       ("resume", "continue from a checkpoint file or run folder: its saved options are restored, options given here override them", cxxopts::value<std::string>())
       ("overwrite", "reuse an existing --run folder, replacing its checkpoint and metrics")
       ("profile-steps", "record GPU time per kernel over N steps (after 2 warm-up steps), print it and save profile.json in the run folder", cxxopts::value<int64_t>()->default_value("0"))
-      ("cuda-graph", "auto | on | off: after the first step, replay each micro-step (forward + backward) from one CUDA graph; auto: on with one CUDA GPU and bf16 / fp32 (not with fp16's loss scaling or several GPUs)", cxxopts::value<std::string>()->default_value("auto"))
+      ("cuda-graph", "auto | on | off: after the first step, replay each micro-step (forward + backward) from one CUDA graph; auto: on with CUDA and bf16 / fp32 (not with fp16's loss scaling; with several GPUs every micro-step but each step's last, which all-reduces, and none with --grad-accum 1)", cxxopts::value<std::string>()->default_value("auto"))
       ("log-level", "trace | debug | info | warn | error", cxxopts::value<std::string>()->default_value("info"))
       ("h,help", "print this help");
 
