@@ -48,13 +48,6 @@ void fused_step(torch::optim::Optimizer& opt, bool decoupled) {
   }
 }
 
-std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  return grads;
-}
-
 // The joint 2-norm of grads (float32, on their device), or undefined for none.
 at::Tensor joint_norm(const std::vector<at::Tensor>& grads) {
   if (grads.empty()) return {};
@@ -73,6 +66,13 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   TORCH_CHECK(!closure, "FusedAdamW: closures are not supported");
   fused_step<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(*this, /*decoupled=*/true);
   return {};
+}
+
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
 }
 
 at::Tensor grad_norm(const std::vector<at::Tensor>& params) { return joint_norm(defined_grads(params)); }

@@ -23,6 +23,9 @@ class FusedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
+// The parameters' .grad tensors that are defined, in order (the same tensors, not copies).
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params);
+
 // The joint 2-norm of the parameters' gradients (those defined) as a float32 scalar on their
 // device, without a device -> host sync (one foreach norm); undefined where no gradient is defined.
 at::Tensor grad_norm(const std::vector<at::Tensor>& params);

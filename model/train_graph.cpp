@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "model/optim.h"
+
 #ifdef FLASHCOS_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -126,9 +128,7 @@ void drop_grads(const std::vector<at::Tensor>& params) {
 }
 
 void zero_grads_in_place(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
+  const auto grads = defined_grads(params);
   if (!grads.empty()) at::_foreach_zero_(grads);
 }
 

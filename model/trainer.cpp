@@ -420,9 +420,7 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     if (precision.loss_scaling) {
       // Dynamic loss scaling: unscale, skip the step and halve the scale on inf/NaN grads,
       // double it after 2000 clean steps.
-      std::vector<at::Tensor> grads;
-      for (auto& p : params)
-        if (p.grad().defined()) grads.push_back(p.grad());
+      auto grads = defined_grads(params);
       if (!unscale_grads_and_update_scale(grads, state.loss_scale, state.scale_good_steps)) {
         do_step = false;
         ++skipped;
