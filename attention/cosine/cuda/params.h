@@ -96,12 +96,12 @@ struct BwdParams : CommonParams {
   int head_group = 0;
   bool det_reverse = false;
   // Deterministic dq on the Hopper backward (its kFixed instance), or nullptr: (B, H, I) float, row
-  // i's constant c_i = 1.5 * 2^(u_i + 23), written by the launcher's grid kernels (dq_grid.cuh) from
-  // dq_grid_kv ((B, Hkv, 2) uint32, zeroed by the caller). Each key block rounds its part of the row
-  // to a multiple of 2^u_i, (x + c_i) - c_i, before adding it to dq_accum, and u_i is such that
-  // every partial sum is exact in float32 (attention/cosine/dq_grid.h): the sum is then the same in
-  // any order, and the adds need no turns. The other kernels ignore both (dq_semaphore orders their
-  // adds).
+  // i's constant c_i = 1.5 * 2^(u_i + 23), written by the delta kernel from dq_grid_kv ((B, Hkv, 2)
+  // uint32, zeroed by the caller, filled by the launcher's K / V maxima kernel; dq_grid.cuh). Each
+  // key block rounds its part of the row to a multiple of 2^u_i, (x + c_i) - c_i, before adding it
+  // to dq_accum, and u_i is such that every partial sum is exact in float32
+  // (attention/cosine/dq_grid.h): the sum is then the same in any order, and the adds need no turns.
+  // The other kernels ignore both (dq_semaphore orders their adds).
   float* dq_grid = nullptr;
   unsigned* dq_grid_kv = nullptr;
 };

@@ -50,7 +50,7 @@
 // kind): each consumer rounds its dQ part of row i to a multiple of the row's unit, (x + c_i) -
 // c_i, chosen so that every partial sum of the row is exact in fp32 (attention/cosine/dq_grid.h):
 // the TMA reductions then give the same sum in any order, and it is otherwise the plain kernel, in
-// its order, with no waits. kDet (the exp kind, and FLASHCOS_DQ_FIXED=0; dq_semaphore.cuh): with
+// its order, with no waits. kDet (the exp kind, and FLASHCOS_DQ_GRID=0; dq_semaphore.cuh): with
 // kTmaDq the producer's dQ warp keeps a fixed order of the adds into each dQ unit (DqTurns:
 // key-block order, or rotated inside a band; it waits on the unit's counter before the reduction
 // and counts the unit once the reduction has completed); without it the consumers order their
@@ -336,7 +336,6 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     constexpr bool kPrev = decltype(prev)::value;
     const int m0 = m0_next;
     [[maybe_unused]] const int h = h_next;
-
     mbar_wait(bar_full + stage, phase);
     if (it == 0 && c == 1) named_bar_sync<1, kConsumerThreads>();  // start half a step after consumer 0
     const float* sRowCs = sRowC + stage * Tile::kStatSlots + t * Tile::kStatStride;  // this thread's rows
