@@ -37,9 +37,10 @@
 // dQ(it) (64 x 64 fp32, scale folded in) to a staging tile in shared memory, and the producer's warp 1 + c
 // adds the tile to the zeroed fp32 accumulator with a TMA reduction (cp.reduce.async.bulk.tensor
 // .add; the consumer hands the tile over at the start of its next step, when the proxy fence finds
-// the stores done); the two tiles take the place of a third Q / dO stage, and with no atomics left in the
-// consumers dQ(it - 1) is issued right behind dK(it). Without kTmaDq (FLASHCOS_HOPPER_BWD=ws-atomic)
-// the consumers add dQ with vector atomics after dV / dK completed. mbarriers:
+// the stores done); at d 64 the two tiles take the place of a third Q / dO stage (d 128 has room for
+// both: BwdWsTile::kStages), and with no atomics left in the consumers dQ(it - 1) is issued right
+// behind dK(it). Without kTmaDq (FLASHCOS_HOPPER_BWD=ws-atomic) the consumers add dQ with vector
+// atomics after dV / dK completed. mbarriers:
 //   bar_kv       K, V landed (transaction count)
 //   full[s]      Q, dO of stage s landed and the producer's 32 lanes stored the row stats
 //   empty[s]     the 256 consumer threads are done with stage s (its MMAs completed, stats read)
