@@ -18,8 +18,9 @@
 # bf16; HOPPER_SEQ, default 8192) beside SDPA flash / cuDNN; HOPPER_SM80_BENCH=1 adds the sm_80
 # kernels' timings.
 # fwdkinds: the Hopper forward kinds side by side (FLASHCOS_HOPPER_FWD=ws, ws-overlap, ws-rounded,
-# ws-packed: the warp-specialised kernel without and with its overlapped schedule, that dividing by
-# the sum of the 16-bit P from the tensor cores, and from the packed P), forward only, bf16
+# ws-packed, ws-qsmem: the warp-specialised kernel without and with its overlapped schedule, that
+# dividing by the sum of the 16-bit P from the tensor cores, and from the packed P, and the default
+# with d 128's Q read from shared memory), forward only, bf16
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
 # bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh): the attention
 # grid and the deterministic tests under each of BWD_GRID_KINDS (default ws-atomic), then backward only,
@@ -45,7 +46,7 @@
 # tests: TESTS_FILTER (a gtest filter for the one-process run), TESTS_CTEST=0 skips the ./train-process
 # suites.
 # DATA: a corpus (default .carry/wiki-text-substitute.gz, copied there from ../shared/data).
-# FWD_GRID_KINDS: the forward kinds whose attention grid fwdkinds runs (default "ws ws-overlap ws-rounded ws-packed").
+# FWD_GRID_KINDS: the forward kinds whose attention grid fwdkinds runs (default "ws ws-overlap ws-rounded ws-packed ws-qsmem").
 # PREBUILT=1 (no build step): $BUILD/train, flashcos_tests and attention/libflashcos_attention.so.* were
 # built on another machine and carried; the loader is pointed at them, at the local libtorch and at
 # PREBUILT_LIBS (a folder of the build machine's shared libraries that this one lacks, e.g. spdlog).
@@ -369,13 +370,13 @@ if has hopper; then
 fi
 
 if has fwdkinds; then
-  for kind in ${FWD_GRID_KINDS-ws ws-overlap ws-rounded ws-packed}; do  # set and empty: no grid
+  for kind in ${FWD_GRID_KINDS-ws ws-overlap ws-rounded ws-packed ws-qsmem}; do  # set and empty: no grid
     FLASHCOS_HOPPER_FWD=$kind "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*' \
         > "$LOG/grid_fwd_$kind.log" 2>&1
     row "grid FLASHCOS_HOPPER_FWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind.log")"
   done
   for c in "" "--causal"; do
-    for kind in ws ws-overlap ws-rounded ws-packed; do
+    for kind in ws ws-overlap ws-rounded ws-packed ws-qsmem; do
       FLASHCOS_HOPPER_FWD=$kind "$TRAIN" bench $c --impls fused --only-forwards --dtype bf16 --dim-head 64,128 \
           --seq-lens 8192 --batch 4 --heads 8 --rounds 2 > "$LOG/fwdkind_${kind}${c}.log" 2>&1
       row "fwd $kind ${c:-full} (d64, d128 TFLOP/s)" "$(fused_col "$LOG/fwdkind_${kind}${c}.log" 4)"

@@ -24,8 +24,10 @@ namespace flashcos::cuda {
 // bias runs without the overlap whatever the choice: overlapped, S_j, P_{j-1}, O, l and the block's
 // 64 bias values would live in registers at once (228 of the 240 with the n8 wgmma's l), and ptxas
 // spilled 140 to 350 bytes; without the overlap nothing spills. The bias forward is bound by the
-// bias's bandwidth anyway (fwd_logits.cuh). Not timed yet.
-enum class HopperFwdKind { kOverlap, kPlain, kOverlapPackedSum, kOverlapRounded };
+// bias's bandwidth anyway (fwd_logits.cuh). Not timed yet. At d 128 without a bias every overlapped
+// kind holds Q in registers as S's A operand (kQRegs, since 2026-11-27); "ws-qsmem" is the default
+// with Q read from shared memory instead (H100 run N5: 1-3 % slower).
+enum class HopperFwdKind { kOverlap, kPlain, kOverlapPackedSum, kOverlapRounded, kOverlapQSmem };
 inline HopperFwdKind hopper_fwd_kind() {
   static const HopperFwdKind kind = [] {
     const char* env = std::getenv("FLASHCOS_HOPPER_FWD");
@@ -33,13 +35,14 @@ inline HopperFwdKind hopper_fwd_kind() {
     return s == "ws"             ? HopperFwdKind::kPlain
            : s == "ws-packed"    ? HopperFwdKind::kOverlapPackedSum
            : s == "ws-rounded"   ? HopperFwdKind::kOverlapRounded
+           : s == "ws-qsmem"     ? HopperFwdKind::kOverlapQSmem
                                  : HopperFwdKind::kOverlap;
   }();
   return kind;
 }
 
 // One schedule: the instance for the bias and the online max of p.
-template <typename T, int D, bool kOverlap, hopper::FwdL L>
+template <typename T, int D, bool kOverlap, hopper::FwdL L, bool kQRegs = false>
 cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
   const bool online = fwd_needs_online(p, std::is_same_v<T, __half>);
   if (p.bias != nullptr) {
@@ -48,8 +51,8 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
     return online ? launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, true>(p, stream)
                   : launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, false>(p, stream);
   }
-  return online ? launch_fwd_hopper_ws<T, D, kOverlap, L, false, true>(p, stream)
-                : launch_fwd_hopper_ws<T, D, kOverlap, L>(p, stream);
+  return online ? launch_fwd_hopper_ws<T, D, kOverlap, L, false, true, kQRegs>(p, stream)
+                : launch_fwd_hopper_ws<T, D, kOverlap, L, false, false, kQRegs>(p, stream);
 }
 
 // The forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot address the inputs.
@@ -61,11 +64,13 @@ cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
     case HopperFwdKind::kPlain:
       return launch_fwd_hopper_case<T, D, false, kDefault>(p, stream);
     case HopperFwdKind::kOverlapPackedSum:
-      return launch_fwd_hopper_case<T, D, true, kPacked>(p, stream);
-    case HopperFwdKind::kOverlapRounded:
-      return launch_fwd_hopper_case<T, D, true, hopper::kRoundedFwdL<D>>(p, stream);
-    default:
+      return launch_fwd_hopper_case<T, D, true, kPacked, true>(p, stream);
+    case HopperFwdKind::kOverlapQSmem:
       return launch_fwd_hopper_case<T, D, true, kDefault>(p, stream);
+    case HopperFwdKind::kOverlapRounded:
+      return launch_fwd_hopper_case<T, D, true, hopper::kRoundedFwdL<D>, true>(p, stream);
+    default:
+      return launch_fwd_hopper_case<T, D, true, kDefault, true>(p, stream);
   }
 }
 

@@ -2,7 +2,8 @@
 // specialised: a producer warp loads by TMA, consumer warpgroups only compute. Same math as
 // fwd_kernel.cuh (read its header first), every case of it: a key mask or none, an attention bias
 // (kBias) or none, the fixed offset or the online row max (kOnline, where fwd_needs_online says so):
-//   S (64 x kBN) = Q K^T              wgmma, A = Q and B = K from shared memory (K-major)
+//   S (64 x kBN) = Q K^T              wgmma, B = K from shared memory (K-major), A = Q from
+//                                     registers (kQRegs, d 128 without a bias) or shared memory
 //   x = S scale log2e + offset        in the accumulators (+ bias log2e with kBias); masked = -inf
 //   P = exp2(x)                       fixed offset (-scale log2e, + 15 for fp16): |q.k| <= 1 bounds x
 //   P = exp2(x - m), m the row max    kOnline: m grows block by block; O, l, lt are then rescaled
@@ -102,7 +103,7 @@ struct FwdWsTile {
                 "registers allocated at launch");
 };
 
-template <typename T, int D, bool kOverlap, FwdL L, bool kBias = false, bool kOnline = false>
+template <typename T, int D, bool kOverlap, FwdL L, bool kBias = false, bool kOnline = false, bool kQRegs = false>
 __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::kThreads, 1)
     fwd_hopper_ws_kernel(const __grid_constant__ FwdTmaMaps maps, const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -216,13 +217,25 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
   // Descriptors as a base plus offsets (desc_add).
   const uint64_t q_desc = make_desc(aQ + c * 64 * kSw128Row, 16, kSw128Atom);
   const uint64_t k_desc = make_desc(aK, 16, kSw128Atom);
+  // kQRegs (d 128 without a bias): this warpgroup's Q as A fragments in 32 registers, loaded once
+  // by ldmatrix, so that S = Q K^T reads only K from shared memory (6 KB -> 4 KB a k-step).
+  constexpr bool kQR = kQRegs && D == 128 && !kBias;
+  uint32_t rQ[kQR ? kKT : 1][4];
   auto issue_s = [&](float (&rS)[kBN / 2], int stage) {
     const uint64_t k_desc_s = desc_add(k_desc, stage * Tile::kKBytes);
 #pragma unroll
     for (int kk = 0; kk < kKT; ++kk) {
-      const uint64_t da = desc_add(q_desc, (kk / 4) * kBM * kSw128Row + (kk % 4) * 32);
       const uint64_t db = desc_add(k_desc_s, (kk / 4) * kBlock + (kk % 4) * 32);
-      Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);
+      if constexpr (kQR) {
+        if (kk == 0) {
+          Wgmma<T, kBN>::template rs_init<0>(rS, rQ[0], db);
+        } else {
+          Wgmma<T, kBN>::template rs<0>(rS, rQ[kk], db, 1);
+        }
+      } else {
+        const uint64_t da = desc_add(q_desc, (kk / 4) * kBM * kSw128Row + (kk % 4) * 32);
+        Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);
+      }
     }
   };
   auto issue_pv = [&](const uint32_t (&rP)[kPT][4], int stage) {
@@ -350,6 +363,16 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
   };
 
   mbar_wait(bar_q, 0);
+  if constexpr (kQR) {
+    // Lane l gives row l % 16 of the warp's 16 and 16-byte chunk l / 16 of the k-step (swizzled by
+    // the row % 8): matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15), the wgmma A fragment order.
+    const int qrow = c * 64 + warp * 16 + lane % 16;
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      const int chunk = ((kk % 4) * 2 + lane / 16) ^ (qrow % 8);
+      ldmatrix_x4(rQ[kk], sQ + (kk / 4) * kBM * kSw128Row + qrow * kSw128Row + chunk * 16);
+    }
+  }
   if (n_blocks > 0) {
     if constexpr (kOverlap) {
       if (c == kWG - 1) asm volatile("bar.arrive %0, %1;\n" ::"r"(1), "n"(256) : "memory");
@@ -456,7 +479,7 @@ namespace flashcos::cuda {
 // address the inputs (the caller then runs the sm_80 kernels).
 // kBias: p.bias is set; kOnline: fwd_needs_online(p) (the launcher picks both from p).
 template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL, bool kBias = false,
-          bool kOnline = false>
+          bool kOnline = false, bool kQRegs = false>
 cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   using Tile = hopper::FwdWsTile<D, L, hopper::kFwdWsWG<D, kBias, kOnline>>;
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
@@ -476,7 +499,7 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   const unsigned m_blocks = unsigned((p.I + Tile::kBM - 1) / Tile::kBM);
   const dim3 grid = !kBias ? dim3(m_blocks, p.H, p.B)
                            : p.bias_batch_dim ? dim3(m_blocks * p.H, p.B, 1) : dim3(m_blocks * p.B, p.H, 1);
-  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline>, grid, Tile::kThreads,
+  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs>, grid, Tile::kThreads,
                           Tile::kSmem, stream, maps, p);
 }
 

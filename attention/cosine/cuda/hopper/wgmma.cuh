@@ -105,6 +105,15 @@ struct Wgmma;
                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),       \
                            "n"(kTransB));                                                               \
     }                                                                                                   \
+    /* d = A B, A from registers, d as outputs only. */                                                 \
+    template <int kTransB>                                                                              \
+    __device__ __forceinline__ static void rs_init(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) { \
+      FLASHCOS_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHCOS_WGMMA_RS_P_##N ", 0;\n"           \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " "    \
+                         FLASHCOS_WGMMA_REGS_##N FLASHCOS_WGMMA_RS_T_##N "\n}\n"                   \
+                         : FLASHCOS_WGMMA_OUTS_##N                                                      \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0), "n"(kTransB)); \
+    }                                                                                                   \
     /* d = A B with d as outputs only (ss() with scale_d == 0). */                                      \
     template <int kTransA, int kTransB>                                                                 \
     __device__ __forceinline__ static void ss_init(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) { \
