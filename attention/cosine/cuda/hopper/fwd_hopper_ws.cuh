@@ -227,11 +227,7 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::
     for (int kk = 0; kk < kKT; ++kk) {
       const uint64_t db = desc_add(k_desc_s, (kk / 4) * kBlock + (kk % 4) * 32);
       if constexpr (kQR) {
-        if (kk == 0) {
-          Wgmma<T, kBN>::template rs_init<0>(rS, rQ[0], db);
-        } else {
-          Wgmma<T, kBN>::template rs<0>(rS, rQ[kk], db, 1);
-        }
+        Wgmma<T, kBN>::template rs<0>(rS, rQ[kk], db, kk > 0);
       } else {
         const uint64_t da = desc_add(q_desc, (kk / 4) * kBM * kSw128Row + (kk % 4) * 32);
         Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);

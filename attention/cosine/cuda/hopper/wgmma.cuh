@@ -7,8 +7,8 @@
 // repeated over N. A from registers has mma.sync's m16n8k16 A layout for the warp's 16 rows.
 // ss(): A and B from shared memory (descriptors); rs(): A from registers, B from shared memory.
 // kTransA / kTransB: 0 = K-major, 1 = M- / N-major (16-bit types only). scale_d == 0 ignores
-// the old accumulator (d = A B), otherwise d += A B. ss() with scale_d == 0 passes the accumulator
-// as outputs only: as an input too, its old values stayed alive up to the MMA (a step's whole
+// the old accumulator (d = A B), otherwise d += A B. ss() and rs() with scale_d == 0 pass the
+// accumulator as outputs only: as an input too, its old values stayed alive up to the MMA (a step's whole
 // length for the backward's dQ) and made the consumers spill. The caller fences (wgmma_fence), commits and
 // waits (wgmma_commit / wgmma_wait).
 //
@@ -98,6 +98,10 @@ struct Wgmma;
     template <int kTransB>                                                                              \
     __device__ __forceinline__ static void rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, \
                                               int scale_d) {                                            \
+      if (scale_d == 0) {                                                                               \
+        rs_init<kTransB>(d, a, desc_b);                                                                 \
+        return;                                                                                         \
+      }                                                                                                 \
       FLASHCOS_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHCOS_WGMMA_RS_P_##N ", 0;\n"           \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " "    \
                          FLASHCOS_WGMMA_REGS_##N FLASHCOS_WGMMA_RS_T_##N "\n}\n"                   \
@@ -105,7 +109,7 @@ struct Wgmma;
                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),       \
                            "n"(kTransB));                                                               \
     }                                                                                                   \
-    /* d = A B, A from registers, d as outputs only. */                                                 \
+    /* d = A B, A from registers, d as outputs only (rs() with scale_d == 0). */                        \
     template <int kTransB>                                                                              \
     __device__ __forceinline__ static void rs_init(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) { \
       FLASHCOS_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHCOS_WGMMA_RS_P_##N ", 0;\n"           \
