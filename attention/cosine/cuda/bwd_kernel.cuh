@@ -92,21 +92,24 @@ __global__ void delta_kernel(const BwdParams p) {
   const T* o = static_cast<const T*>(p.o) + b * p.o_b_stride + h * p.o_h_stride + int64_t(i) * p.o_i_stride;
   const T* dout = static_cast<const T*>(p.dout) + b * p.do_b_stride + h * p.do_h_stride +
                   int64_t(i) * p.do_i_stride;
+  // |do_i|^2 only for the deterministic mode's dQ grid (p.dq_grid; the same for every thread).
+  const bool grid = p.dq_grid != nullptr;
   Acc acc = 0;
   float ss = 0.f;
   if (!p.exp_kind)
     for (int d = lane; d < p.D; d += 32) {
       acc += Acc(o[d]) * Acc(dout[d]);
-      ss = fmaf(float(dout[d]), float(dout[d]), ss);
+      if (grid) ss = fmaf(float(dout[d]), float(dout[d]), ss);
     }
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (grid) {
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   }
   if (lane == 0) {
     store_row_stats<Acc>(p, row, acc);
-    if (p.dq_grid != nullptr) store_dq_grid_row(p, row, b, h, ss);
+    if (grid) store_dq_grid_row(p, row, b, h, ss);
   }
 }
 
@@ -120,6 +123,7 @@ __global__ void delta_kernel_16bit(const BwdParams p) {
   const uint32_t row = blockIdx.x * uint32_t(kRowsPerBlock) + threadIdx.x / kLanes;  // rows < 2^31 (launcher)
   const int lane = threadIdx.x % kLanes;
   const uint32_t rows = uint32_t(p.B) * uint32_t(p.H) * uint32_t(p.I);
+  const bool grid = p.dq_grid != nullptr;  // |do_i|^2 only for the dQ grid, as delta_kernel
   float acc = 0.f, ss = 0.f;
   const uint32_t bh = row / uint32_t(p.I);
   const int h = int(bh % uint32_t(p.H));
@@ -133,19 +137,21 @@ __global__ void delta_kernel_16bit(const BwdParams p) {
     const T* oe = reinterpret_cast<const T*>(&ov);
     const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      acc += float(oe[e]) * float(de[e]);
-      ss = fmaf(float(de[e]), float(de[e]), ss);
+    for (int e = 0; e < 8; ++e) acc += float(oe[e]) * float(de[e]);
+    if (grid) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss = fmaf(float(de[e]), float(de[e]), ss);
     }
   }
 #pragma unroll
-  for (int off = kLanes / 2; off > 0; off /= 2) {
-    acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (grid) {
+#pragma unroll
+    for (int off = kLanes / 2; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   }
   if (lane == 0 && row < rows) {
     store_row_stats<float>(p, int64_t(row), acc);
-    if (p.dq_grid != nullptr) store_dq_grid_row(p, int64_t(row), b, h, ss);
+    if (grid) store_dq_grid_row(p, int64_t(row), b, h, ss);
   }
 }
 
