@@ -248,6 +248,26 @@ TEST(TrainCli, ExplodingLossWarnsOnce) {
 
 // ---- 9. --help -------------------------------------------------------------------------------
 
+// Validation and samples between steps only read the model: a run that validates every step and
+// samples every other one logs the same training losses and gradient norms, bit for bit, as one
+// that does neither (on the GPU, run P4 of docs/quality.md found the same for the fused CUDA step).
+TEST(TrainCli, ValidationAndSamplesDoNotChangeTraining) {
+  TempRun t;
+  RunResult quiet = run_train(t.tiny("--steps 6 --run quiet"));
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
+  RunResult busy = run_train(t.tiny("--steps 6 --validate-every 1 --generate-every 2 --run busy"));
+  ASSERT_EQ(busy.exit_code, 0) << busy.output;
+  EXPECT_EQ(metrics(t.run_dir("busy"), "val").size(), 6u) << busy.output;
+  EXPECT_NE(busy.output.find("---- sample (step 2)"), std::string::npos) << busy.output;
+  const auto a = metrics(t.run_dir("quiet")), b = metrics(t.run_dir("busy"));
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << "step " << i + 1;
+  }
+}
+
 TEST(TrainCli, HelpNamesTheSubcommands) {
   RunResult r = run_train("--help");
   EXPECT_EQ(r.exit_code, 0);
