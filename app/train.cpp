@@ -108,7 +108,7 @@ int run_train(int argc, char** argv) {
       ("attention", "cosine | exp (unnormalised exp(scale q.k) on l2-normalised q, k) | softmax | fastmax", cxxopts::value<std::string>()->default_value("cosine"))
       ("attention-impl", "plain | sdpa | tiled", cxxopts::value<std::string>()->default_value("plain"))
       ("use-cuda-kernel", "use the fused CUDA attention kernel")
-      ("deterministic", "bit-identical training from run to run on one GPU model: the fused attention backward sums dq in an order-independent way (on Hopper: each part rounded to a per-row grid where float32 adds are exact; elsewhere: a fixed order) and dbias per head (costs some backward speed: ./train bench --deterministic); every other kernel of the step is repeatable already")
+      ("deterministic", "bit-identical training from run to run on one GPU model: the fused attention backward sums dq in an order-independent way (on Hopper: each part rounded to a per-row grid where float32 adds are exact; elsewhere: a fixed order) and dbias per head (costs some backward speed: ./train bench --deterministic); our other kernels of the step are repeatable already, and libtorch's (the composite ops of FLASHCOS_FUSED_OPS=0, --attention-impl sdpa) run in libtorch's deterministic mode, with CUBLAS_WORKSPACE_CONFIG=:4096:8 set when unset")
       ("fastmax-p", "fastmax polynomial order (1 or 2)", cxxopts::value<int64_t>()->default_value("2"));
   options.add_options("optimisation")
       ("steps", "total optimiser steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))

@@ -5,10 +5,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include "common/log.h"
+#include "model/determinism.h"
 
 namespace flashcos::model {
 
@@ -23,6 +25,10 @@ void validate_train_config(const TrainConfig& c) {
   require(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number");
   require(c.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping)");
   require(c.schedule == "constant" || c.schedule == "cosine", "--schedule must be constant or cosine, got '" + c.schedule + "'");
+  if (c.model.deterministic) {
+    const std::string workspace = cublas_workspace_problem(std::getenv("CUBLAS_WORKSPACE_CONFIG"));
+    require(workspace.empty(), "--deterministic: " + workspace);
+  }
   require(c.validate_every >= 1 && c.generate_every >= 0 && c.save_every >= 1 && c.log_every >= 1,
           "--validate-every, --save-every, --log-every must be >= 1 (--generate-every 0 disables samples)");
   require(c.seq_len <= c.model.max_seq_len, "--seq-len " + std::to_string(c.seq_len) + " exceeds the model's max_seq_len " +

@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "data/corpus.h"
 #include "model/checkpoint.h"
+#include "model/determinism.h"
 #include "model/device.h"
 #include "model/distributed.h"
 #include "model/fused/grad_accumulate.h"
@@ -146,6 +147,10 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     }
     validate_train_config(cfg);
   }
+  // --deterministic: libtorch's kernels too (model/determinism.h), before the first cuBLAS call, so
+  // that the composite ops and --attention-impl sdpa repeat themselves like the fused step.
+  std::optional<DeterministicAlgorithms> deterministic_algorithms;
+  if (cfg.model.deterministic) deterministic_algorithms.emplace();
   // The run folder is checked now and created only once data and model are ready, so a failed
   // start leaves no empty folder behind.
   const bool default_name = cfg.run.empty();

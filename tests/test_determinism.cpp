@@ -1,0 +1,110 @@
+// --deterministic beyond the fused attention (model/determinism.h): libtorch's deterministic mode is
+// on while a DeterministicAlgorithms lives and restored after it, CUBLAS_WORKSPACE_CONFIG is set when
+// unset and a value that rules out repeatable GEMMs is refused before any run folder exists, and a
+// CPU run in that mode (validation and samples included) repeats itself bit for bit. On the GPU the
+// composite ops and --attention-impl sdpa are checked the same way by docs/quality.md's run Q1.
+#include "train_process_util.h"
+
+#include <ATen/Context.h>
+
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "model/determinism.h"
+
+namespace {
+using namespace train_test;
+namespace fm = flashcos::model;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Sets or unsets an environment variable for one scope, then puts the old value back.
+class EnvScope {
+ public:
+  EnvScope(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) ::setenv(name, value, 1); else ::unsetenv(name);
+  }
+  ~EnvScope() {
+    if (old_) ::setenv(name_.c_str(), old_->c_str(), 1); else ::unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Determinism, CublasWorkspaceValues) {
+  EXPECT_EQ(fm::cublas_workspace_problem(nullptr), "");
+  EXPECT_EQ(fm::cublas_workspace_problem(":4096:8"), "");
+  EXPECT_EQ(fm::cublas_workspace_problem(":16:8"), "");
+  for (const char* bad : {"", ":0:0", ":4096:2", "4096:8"}) {
+    const std::string why = fm::cublas_workspace_problem(bad);
+    EXPECT_TRUE(contains(why, "CUBLAS_WORKSPACE_CONFIG")) << "'" << bad << "': " << why;
+    EXPECT_TRUE(contains(why, ":4096:8")) << "'" << bad << "': " << why;
+  }
+}
+
+TEST(Determinism, ScopeTurnsLibtorchDeterministicAndRestoresIt) {
+  auto& ctx = at::globalContext();
+  ASSERT_FALSE(ctx.deterministicAlgorithms()) << "another test left libtorch's deterministic mode on";
+  const bool fill = ctx.deterministicFillUninitializedMemory(), benchmark = ctx.benchmarkCuDNN();
+  {
+    EnvScope unset("CUBLAS_WORKSPACE_CONFIG", nullptr);
+    {
+      fm::DeterministicAlgorithms on;
+      EXPECT_TRUE(fm::deterministic_algorithms_on());
+      EXPECT_FALSE(ctx.deterministicAlgorithmsWarnOnly());
+      EXPECT_TRUE(ctx.deterministicCuDNN());
+      EXPECT_FALSE(ctx.benchmarkCuDNN());
+      EXPECT_FALSE(ctx.deterministicFillUninitializedMemory());
+      ASSERT_NE(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);
+      EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), fm::kDeterministicCublasWorkspace);
+    }
+    EXPECT_FALSE(fm::deterministic_algorithms_on());
+    EXPECT_EQ(ctx.deterministicFillUninitializedMemory(), fill);
+    EXPECT_EQ(ctx.benchmarkCuDNN(), benchmark);
+  }
+  {
+    EnvScope kept("CUBLAS_WORKSPACE_CONFIG", ":16:8");  // a good value is left as it is
+    fm::DeterministicAlgorithms on;
+    EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":16:8");
+  }
+  {
+    EnvScope bad("CUBLAS_WORKSPACE_CONFIG", ":0:0");
+    EXPECT_THROW(fm::DeterministicAlgorithms on, std::invalid_argument);
+    EXPECT_FALSE(fm::deterministic_algorithms_on());
+  }
+}
+
+TEST(TrainCli, DeterministicRefusesAnotherCublasWorkspace) {
+  TempRun t;
+  RunResult r = run_train(t.tiny("--steps 2 --deterministic"), "CUBLAS_WORKSPACE_CONFIG=:0:0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--deterministic")) << r.output;
+  EXPECT_TRUE(contains(r.output, "CUBLAS_WORKSPACE_CONFIG is ':0:0'")) << r.output;
+  EXPECT_EQ(t.run_count(), 0u) << r.output;
+}
+
+// In libtorch's deterministic mode no op of the CPU step, validation or sampling throws, and two runs
+// log the same losses and gradient norms, bit for bit.
+TEST(TrainCli, DeterministicCpuRunRepeatsItself) {
+  TempRun t;
+  const std::string opts = "--steps 4 --deterministic --validate-every 2 --generate-every 2 --generate-length 8";
+  RunResult a = run_train(t.tiny(opts + " --run a"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  RunResult b = run_train(t.tiny(opts + " --run b"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const auto ma = metrics(t.run_dir("a")), mb = metrics(t.run_dir("b"));
+  ASSERT_EQ(ma.size(), 4u);
+  ASSERT_EQ(mb.size(), 4u);
+  for (size_t i = 0; i < ma.size(); ++i) {
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(ma[i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()) << "step " << i + 1;
+  }
+  EXPECT_EQ(metrics(t.run_dir("a"), "val").size(), 2u);
+}
+
+}  // namespace
