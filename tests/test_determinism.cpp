@@ -1,11 +1,14 @@
 // --deterministic beyond the fused attention (model/determinism.h): libtorch's deterministic mode is
 // on while a DeterministicAlgorithms lives and restored after it, CUBLAS_WORKSPACE_CONFIG is set when
 // unset and a value that rules out repeatable GEMMs is refused before any run folder exists, and a
-// CPU run in that mode (validation and samples included) repeats itself bit for bit. On the GPU the
-// composite ops and --attention-impl sdpa are checked the same way by docs/quality.md's run Q1.
+// run in that mode (validation and samples included) repeats itself bit for bit: on the CPU, and on a
+// GPU (skipped without one) for the fused step, the composite ops and --attention-impl sdpa, where no
+// libtorch op of the step may throw for want of a deterministic implementation. At seq 8192 the same
+// is docs/quality.md's run Q1.
 #include "train_process_util.h"
 
 #include <ATen/Context.h>
+#include <torch/cuda.h>
 
 #include <cstdlib>
 #include <optional>
@@ -88,23 +91,37 @@ TEST(TrainCli, DeterministicRefusesAnotherCublasWorkspace) {
   EXPECT_EQ(t.run_count(), 0u) << r.output;
 }
 
-// In libtorch's deterministic mode no op of the CPU step, validation or sampling throws, and two runs
-// log the same losses and gradient norms, bit for bit.
+// Two runs of `opts` with --deterministic (env: a prefix such as FLASHCOS_FUSED_OPS=0) exit 0, validate
+// twice and log the same losses and gradient norms, bit for bit, at each of their 4 steps.
+void expect_repeats_itself(const TempRun& t, const std::string& opts, const std::string& env, const std::string& name) {
+  const std::string all = opts + " --steps 4 --deterministic --validate-every 2 --generate-every 2 --generate-length 8";
+  RunResult a = run_train(t.tiny(all + " --run " + name + "-a"), env);
+  ASSERT_EQ(a.exit_code, 0) << name << "\n" << a.output;
+  RunResult b = run_train(t.tiny(all + " --run " + name + "-b"), env);
+  ASSERT_EQ(b.exit_code, 0) << name << "\n" << b.output;
+  const auto ma = metrics(t.run_dir(name + "-a")), mb = metrics(t.run_dir(name + "-b"));
+  ASSERT_EQ(ma.size(), 4u) << name;
+  ASSERT_EQ(mb.size(), 4u) << name;
+  for (size_t i = 0; i < ma.size(); ++i) {
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << name << ", step " << i + 1;
+    EXPECT_EQ(ma[i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()) << name << ", step " << i + 1;
+  }
+  EXPECT_EQ(metrics(t.run_dir(name + "-a"), "val").size(), 2u) << name;
+}
+
 TEST(TrainCli, DeterministicCpuRunRepeatsItself) {
   TempRun t;
-  const std::string opts = "--steps 4 --deterministic --validate-every 2 --generate-every 2 --generate-length 8";
-  RunResult a = run_train(t.tiny(opts + " --run a"));
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  RunResult b = run_train(t.tiny(opts + " --run b"));
-  ASSERT_EQ(b.exit_code, 0) << b.output;
-  const auto ma = metrics(t.run_dir("a")), mb = metrics(t.run_dir("b"));
-  ASSERT_EQ(ma.size(), 4u);
-  ASSERT_EQ(mb.size(), 4u);
-  for (size_t i = 0; i < ma.size(); ++i) {
-    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
-    EXPECT_EQ(ma[i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()) << "step " << i + 1;
-  }
-  EXPECT_EQ(metrics(t.run_dir("a"), "val").size(), 2u);
+  expect_repeats_itself(t, "", "", "cpu");
+}
+
+// A small CUDA model (grad-accum 2, so the CUDA graph replays) on each program of the step.
+TEST(TrainCli, DeterministicCudaProgramsRepeatThemselves) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  TempRun t;
+  const std::string cuda = "--device cuda --seq-len 256 --batch 2 --grad-accum 2 --dim 128 --depth 2 --heads 2 --dim-head 64";
+  expect_repeats_itself(t, cuda + " --use-cuda-kernel", "", "fused");
+  expect_repeats_itself(t, cuda + " --use-cuda-kernel", "FLASHCOS_FUSED_OPS=0", "composite");
+  expect_repeats_itself(t, cuda + " --attention-impl sdpa", "", "sdpa");
 }
 
 }  // namespace
