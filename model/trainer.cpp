@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <ctime>
@@ -256,6 +257,11 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
                  cfg.weight_decay > 0 ? "AdamW" : "Adam", cfg.adam_beta1, cfg.adam_beta2, cfg.lr, cfg.schedule.c_str(),
                  static_cast<long long>(cfg.warmup), cfg.clip_grad, static_cast<long long>(cfg.steps),
                  resume_path.empty() ? "" : strf(", resumed at step %lld", static_cast<long long>(state.step)).c_str()));
+  if (deterministic_algorithms) {
+    const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+    log::info(std::string("  determinism on: the attention's deterministic backward, libtorch's deterministic algorithms, ") +
+              "CUBLAS_WORKSPACE_CONFIG=" + (workspace ? workspace : "(unset)"));
+  }
   log::info(strf("  output      %s (metrics.jsonl, latest.pt)", run_dir.string().c_str()));
   }  // main_rank
 

@@ -97,6 +97,8 @@ void expect_repeats_itself(const TempRun& t, const std::string& opts, const std:
   const std::string all = opts + " --steps 4 --deterministic --validate-every 2 --generate-every 2 --generate-length 8";
   RunResult a = run_train(t.tiny(all + " --run " + name + "-a"), env);
   ASSERT_EQ(a.exit_code, 0) << name << "\n" << a.output;
+  EXPECT_TRUE(contains(a.output, "determinism on:") && contains(a.output, "CUBLAS_WORKSPACE_CONFIG=:"))
+      << name << ": the start-up table does not say the run is deterministic\n" << a.output;
   RunResult b = run_train(t.tiny(all + " --run " + name + "-b"), env);
   ASSERT_EQ(b.exit_code, 0) << name << "\n" << b.output;
   const auto ma = metrics(t.run_dir(name + "-a")), mb = metrics(t.run_dir(name + "-b"));
