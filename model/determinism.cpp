@@ -40,6 +40,4 @@ DeterministicAlgorithms::~DeterministicAlgorithms() {
   ctx.setBenchmarkCuDNN(cudnn_benchmark_);
 }
 
-bool deterministic_algorithms_on() { return at::globalContext().deterministicAlgorithms(); }
-
 }  // namespace flashcos::model

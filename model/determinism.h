@@ -12,7 +12,7 @@ namespace flashcos::model {
 inline constexpr const char* kDeterministicCublasWorkspace = ":4096:8";
 
 // Why a CUBLAS_WORKSPACE_CONFIG value (nullptr: unset) rules out deterministic GEMMs, "" when it
-// does not: unset, ":4096:8" and ":16:8" are fine (unset is set by use_deterministic_algorithms).
+// does not: unset, ":4096:8" and ":16:8" are fine (an unset one is set by DeterministicAlgorithms).
 std::string cublas_workspace_problem(const char* value);
 
 // While it lives: libtorch's deterministic algorithms (an op with no deterministic implementation
@@ -33,8 +33,5 @@ class DeterministicAlgorithms {
  private:
   bool algorithms_, warn_only_, fill_, cudnn_deterministic_, cudnn_benchmark_;
 };
-
-// Whether libtorch's deterministic algorithms are on (a DeterministicAlgorithms lives).
-bool deterministic_algorithms_on();
 
 }  // namespace flashcos::model

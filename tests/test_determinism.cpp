@@ -21,8 +21,6 @@ namespace {
 using namespace train_test;
 namespace fm = flashcos::model;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 // Sets or unsets an environment variable for one scope, then puts the old value back.
 class EnvScope {
  public:
@@ -58,7 +56,7 @@ TEST(Determinism, ScopeTurnsLibtorchDeterministicAndRestoresIt) {
     EnvScope unset("CUBLAS_WORKSPACE_CONFIG", nullptr);
     {
       fm::DeterministicAlgorithms on;
-      EXPECT_TRUE(fm::deterministic_algorithms_on());
+      EXPECT_TRUE(ctx.deterministicAlgorithms());
       EXPECT_FALSE(ctx.deterministicAlgorithmsWarnOnly());
       EXPECT_TRUE(ctx.deterministicCuDNN());
       EXPECT_FALSE(ctx.benchmarkCuDNN());
@@ -66,7 +64,7 @@ TEST(Determinism, ScopeTurnsLibtorchDeterministicAndRestoresIt) {
       ASSERT_NE(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);
       EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), fm::kDeterministicCublasWorkspace);
     }
-    EXPECT_FALSE(fm::deterministic_algorithms_on());
+    EXPECT_FALSE(ctx.deterministicAlgorithms());
     EXPECT_EQ(ctx.deterministicFillUninitializedMemory(), fill);
     EXPECT_EQ(ctx.benchmarkCuDNN(), benchmark);
   }
@@ -78,7 +76,7 @@ TEST(Determinism, ScopeTurnsLibtorchDeterministicAndRestoresIt) {
   {
     EnvScope bad("CUBLAS_WORKSPACE_CONFIG", ":0:0");
     EXPECT_THROW(fm::DeterministicAlgorithms on, std::invalid_argument);
-    EXPECT_FALSE(fm::deterministic_algorithms_on());
+    EXPECT_FALSE(ctx.deterministicAlgorithms());
   }
 }
 
@@ -101,13 +99,7 @@ void expect_repeats_itself(const TempRun& t, const std::string& opts, const std:
       << name << ": the start-up table does not say the run is deterministic\n" << a.output;
   RunResult b = run_train(t.tiny(all + " --run " + name + "-b"), env);
   ASSERT_EQ(b.exit_code, 0) << name << "\n" << b.output;
-  const auto ma = metrics(t.run_dir(name + "-a")), mb = metrics(t.run_dir(name + "-b"));
-  ASSERT_EQ(ma.size(), 4u) << name;
-  ASSERT_EQ(mb.size(), 4u) << name;
-  for (size_t i = 0; i < ma.size(); ++i) {
-    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << name << ", step " << i + 1;
-    EXPECT_EQ(ma[i]["grad_norm"].get<double>(), mb[i]["grad_norm"].get<double>()) << name << ", step " << i + 1;
-  }
+  expect_same_training(t.run_dir(name + "-a"), t.run_dir(name + "-b"), 4, name);
   EXPECT_EQ(metrics(t.run_dir(name + "-a"), "val").size(), 2u) << name;
 }
 

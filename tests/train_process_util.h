@@ -123,6 +123,8 @@ inline int free_port() {
   return ntohs(addr.sin_port);
 }
 
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 // metrics.jsonl records of one event kind ("train" or "val").
 inline std::vector<nlohmann::json> metrics(const std::string& run_dir, const std::string& event = "train") {
   std::vector<nlohmann::json> out;
@@ -134,6 +136,19 @@ inline std::vector<nlohmann::json> metrics(const std::string& run_dir, const std
     if (j.value("event", "") == event) out.push_back(j);
   }
   return out;
+}
+
+// The runs in run_a and run_b logged `steps` train records each, with the same losses and gradient
+// norms, bit for bit (`what` names the pair in a failure).
+inline void expect_same_training(const std::string& run_a, const std::string& run_b, size_t steps,
+                                 const std::string& what = "") {
+  const auto a = metrics(run_a), b = metrics(run_b);
+  ASSERT_EQ(a.size(), steps) << what;
+  ASSERT_EQ(b.size(), steps) << what;
+  for (size_t i = 0; i < steps; ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << what << " step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << what << " step " << i + 1;
+  }
 }
 
 inline nlohmann::json read_json_file(const std::string& path) {
