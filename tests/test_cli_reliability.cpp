@@ -244,7 +244,7 @@ TEST(TrainCli, ExplodingLossWarnsOnce) {
   EXPECT_FALSE(contains(calm.output, "in a row")) << calm.output;
 }
 
-// ---- 9. --help -------------------------------------------------------------------------------
+// ---- 11. validation and samples leave the training alone -----------------------------------
 
 // Validation and samples between steps only read the model: a run that validates every step and
 // samples every other one logs the same training losses and gradient norms, bit for bit, as one
@@ -259,6 +259,8 @@ TEST(TrainCli, ValidationAndSamplesDoNotChangeTraining) {
   EXPECT_NE(busy.output.find("---- sample (step 2)"), std::string::npos) << busy.output;
   expect_same_training(t.run_dir("quiet"), t.run_dir("busy"), 6);
 }
+
+// ---- 9. --help -------------------------------------------------------------------------------
 
 TEST(TrainCli, HelpNamesTheSubcommands) {
   RunResult r = run_train("--help");
