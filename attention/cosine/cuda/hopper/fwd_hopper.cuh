@@ -12,7 +12,9 @@
 #include <string>
 #include <type_traits>
 
+#include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
+#include "attention/cosine/cuda/hopper/fwd_rows.h"
 
 namespace flashcos::cuda {
 
@@ -41,6 +43,27 @@ inline HopperFwdKind hopper_fwd_kind() {
   return kind;
 }
 
+// d 64 without a bias or the online max: 2 consumer warpgroups (128-row CTAs) instead of 3 (192-row
+// CTAs) where the grid estimate says so (hopper/fwd_rows.h: short sequences). FLASHCOS_HOPPER_FWD_WG=2
+// or 3 (read once) forces one, for tests and comparisons.
+inline bool fwd_two_warpgroups(const FwdParams& p) {
+  static const int forced = env_count("FLASHCOS_HOPPER_FWD_WG", 0);
+  if (forced == 2 || forced == 3) return forced == 2;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for the launch's own check; 3 warpgroups then
+    return false;
+  }
+  hopper::FwdGridShape shape;
+  shape.heads_batches = int64_t(p.B) * p.H;
+  shape.I = p.I;
+  shape.J = p.J;
+  shape.causal = p.causal;
+  shape.sms = sms;
+  return hopper::fwd_prefer_128_rows(shape);
+}
+
 // One schedule: the instance for the bias and the online max of p.
 template <typename T, int D, bool kOverlap, hopper::FwdL L, bool kQRegs = false>
 cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
@@ -50,6 +73,9 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
     constexpr hopper::FwdL kBiasL = D == 128 && L == hopper::FwdL::kPackedSum ? hopper::kDefaultFwdL : L;
     return online ? launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, true>(p, stream)
                   : launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, false>(p, stream);
+  }
+  if constexpr (D == 64 && kOverlap && L == hopper::kDefaultFwdL && kQRegs) {  // the default kind only
+    if (!online && fwd_two_warpgroups(p)) return launch_fwd_hopper_ws<T, D, true, L, false, false, true, true>(p, stream);
   }
   return online ? launch_fwd_hopper_ws<T, D, kOverlap, L, false, true, kQRegs>(p, stream)
                 : launch_fwd_hopper_ws<T, D, kOverlap, L, false, false, kQRegs>(p, stream);

@@ -73,9 +73,10 @@ constexpr FwdL kRoundedFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
 
 // Consumer warpgroups (64 query rows each; 3 get 160 registers, 2 get 240): d 64 3, but 2 with a
 // bias (the 64 bias values a thread loads ahead of the exp) or the online max (with 3, ptxas
-// spills 24 bytes in the overlapped loop); d 128 2.
-template <int D, bool kBias, bool kOnline>
-constexpr int kFwdWsWG = D == 64 && !kBias && !kOnline ? 3 : 2;
+// spills 24 bytes in the overlapped loop); d 128 2. kWG2: 2 at d 64 too (short sequences, where
+// 192-row blocks leave SMs idle: fwd_warpgroups in hopper/fwd_hopper.cuh).
+template <int D, bool kBias, bool kOnline, bool kWG2 = false>
+constexpr int kFwdWsWG = D == 64 && !kBias && !kOnline && !kWG2 ? 3 : 2;
 
 template <int D, FwdL L = kDefaultFwdL, int WG = kFwdWsWG<D, false, false>>
 struct FwdWsTile {
@@ -103,11 +104,12 @@ struct FwdWsTile {
                 "registers allocated at launch");
 };
 
-template <typename T, int D, bool kOverlap, FwdL L, bool kBias = false, bool kOnline = false, bool kQRegs = false>
-__global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>::kThreads, 1)
+template <typename T, int D, bool kOverlap, FwdL L, bool kBias = false, bool kOnline = false, bool kQRegs = false,
+          bool kWG2 = false>
+__global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kWG2>>::kThreads, 1)
     fwd_hopper_ws_kernel(const __grid_constant__ FwdTmaMaps maps, const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline>>;
+  using Tile = FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kWG2>>;
   constexpr int kWG = Tile::kWG, kBM = Tile::kBM, kBN = Tile::kBN, kNO = Tile::kNO, kStages = Tile::kStages;
   constexpr int kKT = D / 16;    // k-steps of Q K^T
   constexpr int kPT = kBN / 16;  // k-steps of P V
@@ -475,9 +477,9 @@ namespace flashcos::cuda {
 // address the inputs (the caller then runs the sm_80 kernels).
 // kBias: p.bias is set; kOnline: fwd_needs_online(p) (the launcher picks both from p).
 template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL, bool kBias = false,
-          bool kOnline = false, bool kQRegs = false>
+          bool kOnline = false, bool kQRegs = false, bool kWG2 = false>
 cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
-  using Tile = hopper::FwdWsTile<D, L, hopper::kFwdWsWG<D, kBias, kOnline>>;
+  using Tile = hopper::FwdWsTile<D, L, hopper::kFwdWsWG<D, kBias, kOnline, kWG2>>;
   constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
   hopper::FwdTmaMaps maps;
   // The maps have the head dim p.D (<= D): columns past it load as zeros.
@@ -495,7 +497,7 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   const unsigned m_blocks = unsigned((p.I + Tile::kBM - 1) / Tile::kBM);
   const dim3 grid = !kBias ? dim3(m_blocks, p.H, p.B)
                            : p.bias_batch_dim ? dim3(m_blocks * p.H, p.B, 1) : dim3(m_blocks * p.B, p.H, 1);
-  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs>, grid, Tile::kThreads,
+  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs, kWG2>, grid, Tile::kThreads,
                           Tile::kSmem, stream, maps, p);
 }
 
