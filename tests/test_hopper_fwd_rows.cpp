@@ -27,9 +27,9 @@ FwdGridShape shape(int64_t heads_batches, int64_t I, int64_t J, bool causal, int
   return s;
 }
 
-// Every CTA's work, counted row by row: rows of its block inside I times the keys its last row sees
-// (the kernel walks a block's key blocks up to its last row's diagonal for every row of it,
-// rows past I included: they are computed and not stored).
+// Every CTA's work, counted CTA by CTA: all rows of its block times the keys its last row sees (the
+// kernel walks a block's key blocks up to its last row's diagonal for every row of it, rows past I
+// included: they are computed and not stored).
 std::vector<double> cta_work(const FwdGridShape& s, int rows) {
   std::vector<double> work;
   const int64_t m_blocks = (s.I + rows - 1) / rows;

@@ -67,6 +67,13 @@ cudaError_t launch_with_smem(void (*kernel)(Params...), dim3 grid, int threads, 
   return cudaGetLastError();
 }
 
+// The current device's multiprocessor count (launchers that size or order their grids by it).
+inline cudaError_t current_device_sm_count(int* sms) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  return err != cudaSuccess ? err : cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

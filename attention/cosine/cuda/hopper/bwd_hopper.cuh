@@ -74,9 +74,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     const bool det = p.dq_semaphore != nullptr && !fixed;
     int sms = 0;  // the deterministic rotated order keeps a band within the SMs
     if (det) {
-      int device = 0;
-      cudaError_t attr = cudaGetDevice(&device);
-      if (attr == cudaSuccess) attr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      const cudaError_t attr = current_device_sm_count(&sms);
       if (attr != cudaSuccess) return attr;
     }
     BwdParams banded = p;

@@ -44,24 +44,23 @@ inline HopperFwdKind hopper_fwd_kind() {
 }
 
 // d 64 without a bias or the online max: 2 consumer warpgroups (128-row CTAs) instead of 3 (192-row
-// CTAs) where the grid estimate says so (hopper/fwd_rows.h: short sequences). FLASHCOS_HOPPER_FWD_WG=2
-// or 3 (read once) forces one, for tests and comparisons.
-inline bool fwd_two_warpgroups(const FwdParams& p) {
+// CTAs) where the grid estimate says so (hopper/fwd_rows.h: short sequences), into *two.
+// FLASHCOS_HOPPER_FWD_WG=2 or 3 (read once) forces one, for tests and comparisons.
+inline cudaError_t fwd_two_warpgroups(const FwdParams& p, bool* two) {
   static const int forced = env_count("FLASHCOS_HOPPER_FWD_WG", 0);
-  if (forced == 2 || forced == 3) return forced == 2;
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();  // not left for the launch's own check; 3 warpgroups then
-    return false;
+  if (forced == 2 || forced == 3) {
+    *two = forced == 2;
+    return cudaSuccess;
   }
   hopper::FwdGridShape shape;
+  const cudaError_t err = current_device_sm_count(&shape.sms);
+  if (err != cudaSuccess) return err;
   shape.heads_batches = int64_t(p.B) * p.H;
   shape.I = p.I;
   shape.J = p.J;
   shape.causal = p.causal;
-  shape.sms = sms;
-  return hopper::fwd_prefer_128_rows(shape);
+  *two = hopper::fwd_prefer_128_rows(shape);
+  return cudaSuccess;
 }
 
 // One schedule: the instance for the bias and the online max of p.
@@ -75,7 +74,12 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
                   : launch_fwd_hopper_ws<T, D, kBiasOverlap, kBiasL, true, false>(p, stream);
   }
   if constexpr (D == 64 && kOverlap && L == hopper::kDefaultFwdL && kQRegs) {  // the default kind only
-    if (!online && fwd_two_warpgroups(p)) return launch_fwd_hopper_ws<T, D, true, L, false, false, true, true>(p, stream);
+    bool two = false;
+    if (!online) {
+      const cudaError_t err = fwd_two_warpgroups(p, &two);
+      if (err != cudaSuccess) return err;
+    }
+    if (two) return launch_fwd_hopper_ws<T, D, true, L, false, false, true, true>(p, stream);
   }
   return online ? launch_fwd_hopper_ws<T, D, kOverlap, L, false, true, kQRegs>(p, stream)
                 : launch_fwd_hopper_ws<T, D, kOverlap, L, false, false, kQRegs>(p, stream);

@@ -74,7 +74,7 @@ constexpr FwdL kRoundedFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
 // Consumer warpgroups (64 query rows each; 3 get 160 registers, 2 get 240): d 64 3, but 2 with a
 // bias (the 64 bias values a thread loads ahead of the exp) or the online max (with 3, ptxas
 // spills 24 bytes in the overlapped loop); d 128 2. kWG2: 2 at d 64 too (short sequences, where
-// 192-row blocks leave SMs idle: fwd_warpgroups in hopper/fwd_hopper.cuh).
+// 192-row blocks leave SMs idle: fwd_two_warpgroups in hopper/fwd_hopper.cuh).
 template <int D, bool kBias, bool kOnline, bool kWG2 = false>
 constexpr int kFwdWsWG = D == 64 && !kBias && !kOnline && !kWG2 ? 3 : 2;
 
