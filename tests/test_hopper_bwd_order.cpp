@@ -210,11 +210,23 @@ TEST(HopperBwdOrderChoice, TheLauncherPicksTheTimedOrders) {
   EXPECT_EQ(chosen(128, false, true, 20), T(20, 0, true, false));
   EXPECT_EQ(chosen(64, false, true, 132, key_block_order()), T(8, 0, false, false));
   EXPECT_EQ(chosen(128, false, true, 132, key_block_order()), T(16, 0, false, false));
-  EXPECT_EQ(chosen(64, true, false, 132), T(1, 2, false, false));
+  EXPECT_EQ(chosen(64, true, false, 132), T(1, 4, false, false));  // grown from 2 (head_groups.h)
   EXPECT_EQ(chosen(64, true, true, 132), T(1, 16, false, false));
   EXPECT_EQ(chosen(128, true, true, 132), T(1, 2, false, true));
   EXPECT_EQ(chosen(128, true, true, 132, key_block_order()), T(1, 0, false, false));
   EXPECT_EQ(chosen(128, true, true, 132, det_causal_groups(0)), T(1, 0, false, false));
+  // Causal, not deterministic, short sequences: the groups grow until their CTAs fill the SMs
+  // (head_groups.h); FLASHCOS_HOPPER_CAUSAL_GROUP fixes them.
+  auto causal_group = [](int n, BwdOrderKnobs knobs = {}) {
+    return params_of({"", 4, 8, 8, n, n, 128, true, false, 132, knobs}).head_group;
+  };
+  EXPECT_EQ(causal_group(1024), 32);
+  EXPECT_EQ(causal_group(2048), 16);
+  EXPECT_EQ(causal_group(4096), 8);
+  EXPECT_EQ(causal_group(16384), 2);
+  BwdOrderKnobs fixed;
+  fixed.causal_group_fixed = true;
+  EXPECT_EQ(causal_group(1024, fixed), 2);
   // One key block: nothing to order.
   const BwdParams one = params_of({"", 4, 8, 8, 100, 100, 64, false, true, 132});
   EXPECT_EQ(T(one.key_band, one.head_group, one.det_rotate, one.det_reverse), T(1, 0, false, false));

@@ -48,6 +48,9 @@ struct FwdParams : CommonParams {
   void* o = nullptr;  // (B, H, I, D), strides below
   int64_t o_b_stride = 0, o_h_stride = 0, o_i_stride = 0;
   void* l = nullptr;  // (B, H, I) contiguous row sums (float; double for double); nullptr for exp
+  // The Hopper forward without a bias: CTAs in groups of this many (b, head)s, each group's row
+  // blocks heaviest first (hopper::grouped_cta; > 1 only under a causal mask). Set by its launcher.
+  int head_group = 1;
 };
 
 struct BwdParams : CommonParams {

@@ -20,7 +20,8 @@ namespace flashcos::cuda {
 // The knobs of the backward's order of work (hopper::choose_bwd_order, where the defaults and their
 // timings are), read once from the environment: FLASHCOS_HOPPER_DET_ROTATE=0 (the deterministic
 // mode in key-block order over every head, as before 2026-11-26 night), FLASHCOS_HOPPER_DET_BAND,
-// FLASHCOS_HOPPER_CAUSAL_GROUP (0: key block slowest over every head) and
+// FLASHCOS_HOPPER_CAUSAL_GROUP (a fixed group size, 0: key block slowest over every head; unset:
+// 2, grown on short sequences) and
 // FLASHCOS_HOPPER_DET_CAUSAL_GROUP (head groups with the steps forwards for the deterministic causal
 // backward; 0: over every head).
 inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
@@ -29,6 +30,7 @@ inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
     k.det_orders = env_switch_on("FLASHCOS_HOPPER_DET_ROTATE");
     k.det_band = env_count("FLASHCOS_HOPPER_DET_BAND", k.det_band);
     k.causal_group = env_count("FLASHCOS_HOPPER_CAUSAL_GROUP", k.causal_group);
+    k.causal_group_fixed = env_count("FLASHCOS_HOPPER_CAUSAL_GROUP", -1) >= 0;
     k.det_causal_group = env_count("FLASHCOS_HOPPER_DET_CAUSAL_GROUP", k.det_causal_group);
     return k;
   }();
@@ -72,11 +74,9 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     const cudaError_t err = launch_delta<T, float>(p, stream);
     if (err != cudaSuccess) return err;
     const bool det = p.dq_semaphore != nullptr && !fixed;
-    int sms = 0;  // the deterministic rotated order keeps a band within the SMs
-    if (det) {
-      const cudaError_t attr = current_device_sm_count(&sms);
-      if (attr != cudaSuccess) return attr;
-    }
+    int sms = 0;  // the deterministic rotated order keeps a band within the SMs; causal head groups fill them
+    const cudaError_t attr = current_device_sm_count(&sms);
+    if (attr != cudaSuccess) return attr;
     BwdParams banded = p;
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());

@@ -8,17 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/cosine/cuda/hopper/head_groups.h"
 #include "attention/cosine/cuda/params.h"
 
-#if defined(__CUDACC__)
-#define FLASHCOS_HD __host__ __device__ __forceinline__
-#else
-#define FLASHCOS_HD inline
-#endif
-
 namespace flashcos::cuda::hopper {
-
-FLASHCOS_HD int order_min(int a, int b) { return a < b ? a : b; }
 
 // Which key block and (b, kv head) the CTA takes, from its index in the linear grid (the launcher
 // picks p.key_band and p.head_group). Bands of p.key_band key blocks: band slowest, then (b, kv
@@ -38,11 +31,8 @@ struct BwdCta {
 };
 FLASHCOS_HD BwdCta bwd_cta(const BwdParams& p, unsigned block, int n_blocks, int heads_batches) {
   if (p.head_group > 0) {
-    const int g_ctas = p.head_group * n_blocks;
-    const int g_idx = int(block / unsigned(g_ctas)), in_g = int(block % unsigned(g_ctas));
-    const int g_w = order_min(p.head_group, heads_batches - g_idx * p.head_group);  // the last group may be narrower
-    const int n_block = in_g / g_w;
-    return {n_block, g_idx * p.head_group + in_g % g_w, n_block, 1};
+    const GroupedCta g = grouped_cta(block, n_blocks, heads_batches, p.head_group);
+    return {g.rank, g.hb, g.rank, 1};
   }
   const int band = p.key_band, band_ctas = band * heads_batches;
   const int band_idx = int(block / unsigned(band_ctas)), in_band = int(block % unsigned(band_ctas));
@@ -112,12 +102,13 @@ struct BwdOrderKnobs {
   bool det_orders = true;     // deterministic: rotated / head-grouped, else key-block order over every head
   int det_band = 0;           // deterministic, not causal: key blocks per band; 0: the default
   int causal_group = 2;       // causal: (b, kv head)s per group; 0: key block slowest over every head
+  bool causal_group_fixed = false;  // causal, not deterministic: exactly causal_group, else at least (below)
   int det_causal_group = -1;  // deterministic, causal: groups with the steps forwards; -1: the default
 };
 
 // Which order the launch of tiles of d_tile (64 / 128) columns and block_keys keys per CTA takes, on
-// a GPU of sms SMs (read only by the deterministic rotated order): sets p.key_band, p.head_group,
-// p.det_rotate and p.det_reverse (bwd_cta, bwd_order).
+// a GPU of sms SMs (read by the deterministic rotated order and the causal head groups): sets
+// p.key_band, p.head_group, p.det_rotate and p.det_reverse (bwd_cta, bwd_order).
 // * Not causal: every key block of a (b, kv head) side by side (one band), sharing its Q / dO in L2.
 //   Deterministic: bands of 64 key blocks in the rotated order (DqTurns), kept within the SMs, as
 //   it may wait for a block launched after it. H100 bf16 b4 h8 n 8192 (64 key blocks),
@@ -133,7 +124,10 @@ struct BwdOrderKnobs {
 //   dQ unit come close together in L2. Run F3, causal backward TFLOP/s by group 0 / 1 / 2 / 4 / 8 (two
 //   rounds), n 8192 d64: 479-478 / 493-491 / 509-508 / 508-502 / 510-508, d128: 490-491 / 531-552 /
 //   544-542 / 538-542 / 516-535; n 16384 d64: 460-449 / 520-519 / 516-510 / 515-517 / 505-511, d128:
-//   515-511 / 582-580 / 580-580 / 577-574 / 565-567.
+//   515-511 / 582-580 / 580-580 / 577-574 / 565-567. The group of 2 grows until it holds twice the
+//   SMs in CTAs (filling_head_group, head_groups.h; b4 h8 on 132 SMs: 32 at n 1024, 4 at n 8192, 2
+//   from n 16384), as the last group's long blocks started late on short sequences;
+//   FLASHCOS_HOPPER_CAUSAL_GROUP fixes it.
 // * Causal, deterministic, no bias: at d 64 head groups of 16 with the steps forwards, in key-block
 //   order (the blocks of a group that start together wait for the ones below them; past the first
 //   wave a block mostly launches after the one below it has passed its diagonal); at d 128 groups of
@@ -157,7 +151,8 @@ inline void choose_bwd_order(BwdParams& p, int d_tile, int block_keys, int sms, 
   }
   if (p.causal && !biased) {
     if (!det) {
-      p.head_group = k.causal_group;
+      p.head_group = k.causal_group_fixed ? k.causal_group
+                                          : filling_head_group(k.causal_group, n_blocks, int64_t(p.B) * p.Hkv, sms);
     } else if (k.det_orders) {
       const int group = k.det_causal_group >= 0 ? k.det_causal_group : d_tile == 64 ? 16 : -1;
       p.head_group = group >= 0 ? group : k.causal_group;

@@ -46,10 +46,12 @@
 
 #include <cuda.h>
 
+#include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/fwd_epilogue.cuh"
 #include "attention/cosine/cuda/hopper/fwd_logits.cuh"
+#include "attention/cosine/cuda/hopper/head_groups.h"
 #include "attention/cosine/cuda/hopper/tma.cuh"
 #include "attention/cosine/cuda/hopper/tma_map.h"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
@@ -130,7 +132,8 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
   // Heaviest causal blocks first. kBias: x = (row block, then the dim the bias is shared over)
-  // (fwd_grid), so that the CTAs running together read the same bias rows (from L2).
+  // (fwd_grid), so that the CTAs running together read the same bias rows (from L2). Otherwise
+  // (b, head)s in groups of p.head_group (head_groups.h), (m_blocks, H, B) blocks in index order.
   int m_block, h, b;
   if constexpr (kBias) {
     const int share = p.bias_batch_dim ? p.H : p.B, s = int(blockIdx.x % unsigned(share));
@@ -138,9 +141,11 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
     h = p.bias_batch_dim ? s : int(blockIdx.y);
     b = p.bias_batch_dim ? int(blockIdx.y) : s;
   } else {
-    m_block = gridDim.x - 1 - blockIdx.x;
-    h = blockIdx.y;
-    b = blockIdx.z;
+    const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const GroupedCta g = grouped_cta(block, int(gridDim.x), p.B * p.H, p.head_group);
+    m_block = int(gridDim.x) - 1 - g.rank;
+    h = g.hb % p.H;
+    b = g.hb / p.H;
   }
   const int hkv = h / (p.H / p.Hkv);
   const int I = p.I, J = p.J;
@@ -473,6 +478,24 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
 
 namespace flashcos::cuda {
 
+// The forward's head groups (head_groups.h) for a grid of m_blocks row blocks per (b, head): 1 (each
+// (b, head)'s blocks in turn) but under a causal mask, there grown until a group's CTAs fill the
+// SMs. FLASHCOS_HOPPER_FWD_CAUSAL_GROUP=g (read once) fixes it for causal grids, for comparisons.
+inline cudaError_t fwd_causal_head_group(const FwdParams& p, unsigned m_blocks, int* group) {
+  static const int forced = env_count("FLASHCOS_HOPPER_FWD_CAUSAL_GROUP", 0);
+  *group = 1;
+  if (!p.causal) return cudaSuccess;
+  if (forced > 0) {
+    *group = forced;
+    return cudaSuccess;
+  }
+  int sms = 0;
+  const cudaError_t err = current_device_sm_count(&sms);
+  if (err != cudaSuccess) return err;
+  *group = hopper::filling_head_group(1, m_blocks, int64_t(p.B) * p.H, sms);
+  return cudaSuccess;
+}
+
 // The warp-specialised forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot
 // address the inputs (the caller then runs the sm_80 kernels).
 // kBias: p.bias is set; kOnline: fwd_needs_online(p) (the launcher picks both from p).
@@ -497,8 +520,13 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   const unsigned m_blocks = unsigned((p.I + Tile::kBM - 1) / Tile::kBM);
   const dim3 grid = !kBias ? dim3(m_blocks, p.H, p.B)
                            : p.bias_batch_dim ? dim3(m_blocks * p.H, p.B, 1) : dim3(m_blocks * p.B, p.H, 1);
+  FwdParams grouped = p;
+  if (!kBias) {
+    const cudaError_t err = fwd_causal_head_group(p, m_blocks, &grouped.head_group);
+    if (err != cudaSuccess) return err;
+  }
   return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs, kWG2>, grid, Tile::kThreads,
-                          Tile::kSmem, stream, maps, p);
+                          Tile::kSmem, stream, maps, grouped);
 }
 
 }  // namespace flashcos::cuda
