@@ -220,7 +220,7 @@ TEST(HopperBwdOrderChoice, TheLauncherPicksTheTimedOrders) {
   auto causal_group = [](int n, BwdOrderKnobs knobs = {}) {
     return params_of({"", 4, 8, 8, n, n, 128, true, false, 132, knobs}).head_group;
   };
-  EXPECT_EQ(causal_group(1024), 32);
+  EXPECT_EQ(causal_group(1024), 16);
   EXPECT_EQ(causal_group(2048), 16);
   EXPECT_EQ(causal_group(4096), 8);
   EXPECT_EQ(causal_group(16384), 2);

@@ -62,7 +62,7 @@ TEST(HopperHeadGroups, GroupOneIsEachHeadInTurn) {  // the forward's order befor
 
 TEST(HopperHeadGroups, FillingGroupSizes) {
   // Backward, b4 h8 (32 (b, kv head)s), key blocks of 128 on 132 SMs: n 1024 .. 32768.
-  EXPECT_EQ(filling_head_group(2, 8, 32, 132), 32);
+  EXPECT_EQ(filling_head_group(2, 8, 32, 132), 16);  // kMaxHeadGroup (32 would hold 2 SMs' worth)
   EXPECT_EQ(filling_head_group(2, 16, 32, 132), 16);
   EXPECT_EQ(filling_head_group(2, 32, 32, 132), 8);
   EXPECT_EQ(filling_head_group(2, 64, 32, 132), 4);
@@ -71,6 +71,9 @@ TEST(HopperHeadGroups, FillingGroupSizes) {
   // Fewer (b, head)s than the group would take: all of them, never below the base.
   EXPECT_EQ(filling_head_group(2, 8, 8, 132), 8);
   EXPECT_EQ(filling_head_group(2, 8, 1, 132), 2);
+  // b32 h8 n 1024 (256 (b, head)s): kMaxHeadGroup, not every head.
+  EXPECT_EQ(filling_head_group(2, 8, 256, 132), kMaxHeadGroup);
+  EXPECT_EQ(filling_head_group(1, 8, 256, 132), kMaxHeadGroup);
   // Forward, from 1: d 64 n 8192 / 16384 (43 / 86 blocks of 192 rows), d 128 n 16384 / 32768 (128 /
   // 256 blocks of 128).
   EXPECT_EQ(filling_head_group(1, 43, 32, 132), 8);

@@ -125,8 +125,8 @@ struct BwdOrderKnobs {
 //   rounds), n 8192 d64: 479-478 / 493-491 / 509-508 / 508-502 / 510-508, d128: 490-491 / 531-552 /
 //   544-542 / 538-542 / 516-535; n 16384 d64: 460-449 / 520-519 / 516-510 / 515-517 / 505-511, d128:
 //   515-511 / 582-580 / 580-580 / 577-574 / 565-567. The group of 2 grows until it holds twice the
-//   SMs in CTAs (filling_head_group, head_groups.h; b4 h8 on 132 SMs: 32 at n 1024, 4 at n 8192, 2
-//   from n 16384), as the last group's long blocks started late on short sequences;
+//   SMs in CTAs, up to 16 (filling_head_group, head_groups.h; b4 h8 on 132 SMs: 16 at n 1024, 4 at
+//   n 8192, 2 from n 16384), as the last group's long blocks started late on short sequences;
 //   FLASHCOS_HOPPER_CAUSAL_GROUP fixes it.
 // * Causal, deterministic, no bias: at d 64 head groups of 16 with the steps forwards, in key-block
 //   order (the blocks of a group that start together wait for the ones below them; past the first

@@ -14,9 +14,14 @@
 // as long as its longest CTA: with lengths from L down to about 0, g x (CTAs per head) x L / 2 / SMs
 // >= L, i.e. g x (CTAs per head) >= 2 SMs (taken within a 16th). The simulation, longest first
 // inside groups, makespan over max(work / SMs, longest CTA), b4 h8 on 132 SMs: backward (d 128, n /
-// 128 key blocks) n 1024 g 2 1.60, g 32 1.03; n 2048 g 2 1.27, g 16 1.03; n 4096 g 2 1.12, g 8
-// 1.00; n 8192 g 2 1.007, g 4 1.002; forward (d 64, 192-row blocks) n 1024 g 1 1.50, g 32 1.00; n
+// 128 key blocks) n 1024 g 2 1.60, g 16 1.03; n 2048 g 2 1.27, g 16 1.03; n 4096 g 2 1.12, g 8
+// 1.00; n 8192 g 2 1.007, g 4 1.002; forward (d 64, 192-row blocks) n 1024 g 1 1.50, g 16 1.00; n
 // 4096 g 1 1.21, g 16 1.03; n 8192 g 1 1.10, g 8 1.02; n 16384 g 1 1.04, g 4 1.01.
+// At most kMaxHeadGroup (b, head)s: a wider group spreads the CTAs running together over more heads'
+// operands and dQ than L2 keeps. H100, b32 h8 n 1024 d64 causal bf16 (2048 CTAs a direction, 15.5
+// waves, where the simulation promised 3-4 % from groups of 16-32), kernel us under ncu (run V3),
+// forward / backward by group size: 1 / 2 (the fixed orders) 139.5 / 296; 4 138.0 / 295; 8 137.7 /
+// 289; 16 138.7 / 292; 32 140.6 / 301.5; 256 (every head) 152.8 / 444.
 #pragma once
 
 #include <cstdint>
@@ -44,13 +49,15 @@ FLASHCOS_HD GroupedCta grouped_cta(unsigned block, int per_head, int heads_batch
   return {in_g / g_w, g_idx * group + in_g % g_w};
 }
 
+inline constexpr int kMaxHeadGroup = 16;
+
 // The group size for a causal grid of per_head CTAs per (b, head) on `sms` SMs: `base` doubled
-// until the group holds 15/16 of twice the SMs in CTAs, or every (b, head); base <= 0 stays (no
-// groups). sms <= 0 (unknown) keeps base.
+// until the group holds 15/16 of twice the SMs in CTAs, every (b, head) or kMaxHeadGroup of them;
+// base <= 0 stays (no groups). sms <= 0 (unknown) keeps base.
 inline int filling_head_group(int base, int64_t per_head, int64_t heads_batches, int sms) {
   if (base <= 0 || sms <= 0) return base;
   int64_t g = base;
-  while (g < heads_batches && g * per_head * 16 < int64_t(sms) * 30) g *= 2;
+  while (g < heads_batches && 2 * g <= kMaxHeadGroup && g * per_head * 16 < int64_t(sms) * 30) g *= 2;
   return int(g < heads_batches ? g : heads_batches > base ? heads_batches : base);
 }
 
