@@ -61,29 +61,31 @@ TEST(HopperHeadGroups, GroupOneIsEachHeadInTurn) {  // the forward's order befor
 }
 
 TEST(HopperHeadGroups, FillingGroupSizes) {
-  // Backward, b4 h8 (32 (b, kv head)s), key blocks of 128 on 132 SMs: n 1024 .. 32768.
-  EXPECT_EQ(filling_head_group(2, 8, 32, 132), 16);  // kMaxHeadGroup (32 would hold 2 SMs' worth)
-  EXPECT_EQ(filling_head_group(2, 16, 32, 132), 16);
-  EXPECT_EQ(filling_head_group(2, 32, 32, 132), 8);
-  EXPECT_EQ(filling_head_group(2, 64, 32, 132), 4);
-  EXPECT_EQ(filling_head_group(2, 128, 32, 132), 2);
-  EXPECT_EQ(filling_head_group(2, 256, 32, 132), 2);
-  // Fewer (b, head)s than the group would take: all of them, never below the base.
-  EXPECT_EQ(filling_head_group(2, 8, 8, 132), 8);
-  EXPECT_EQ(filling_head_group(2, 8, 1, 132), 2);
-  // b32 h8 n 1024 (256 (b, head)s): kMaxHeadGroup, not every head.
-  EXPECT_EQ(filling_head_group(2, 8, 256, 132), kMaxHeadGroup);
-  EXPECT_EQ(filling_head_group(1, 8, 256, 132), kMaxHeadGroup);
-  // Forward, from 1: d 64 n 8192 / 16384 (43 / 86 blocks of 192 rows), d 128 n 16384 / 32768 (128 /
-  // 256 blocks of 128).
-  EXPECT_EQ(filling_head_group(1, 43, 32, 132), 8);
-  EXPECT_EQ(filling_head_group(1, 86, 32, 132), 4);
-  EXPECT_EQ(filling_head_group(1, 128, 32, 132), 2);
-  EXPECT_EQ(filling_head_group(1, 256, 32, 132), 1);
-  // No groups, an unknown SM count, one SM: unchanged.
-  EXPECT_EQ(filling_head_group(0, 8, 32, 132), 0);
-  EXPECT_EQ(filling_head_group(2, 8, 32, 0), 2);
-  EXPECT_EQ(filling_head_group(1, 8, 32, 1), 1);
+  struct Case {
+    int base;
+    int64_t per_head, heads_batches;
+    int sms, group;
+  };
+  const Case cases[] = {
+      // Backward, b4 h8 (32 (b, kv head)s), key blocks of 128 on 132 SMs: n 1024 .. 32768 (at n
+      // 1024 kMaxHeadGroup; 32 would hold twice the SMs' worth).
+      {2, 8, 32, 132, kMaxHeadGroup}, {2, 16, 32, 132, 16}, {2, 32, 32, 132, 8}, {2, 64, 32, 132, 4},
+      {2, 128, 32, 132, 2}, {2, 256, 32, 132, 2},
+      // Fewer (b, head)s than the group would take: all of them, never below the base.
+      {2, 8, 8, 132, 8}, {2, 8, 1, 132, 2},
+      // b32 h8 n 1024 (256 (b, head)s): kMaxHeadGroup, not every head.
+      {2, 8, 256, 132, kMaxHeadGroup}, {1, 8, 256, 132, kMaxHeadGroup},
+      // Forward, from 1: d 64 n 8192 / 16384 (43 / 86 blocks of 192 rows), d 128 n 16384 / 32768
+      // (128 / 256 blocks of 128).
+      {1, 43, 32, 132, 8}, {1, 86, 32, 132, 4}, {1, 128, 32, 132, 2}, {1, 256, 32, 132, 1},
+      // No groups, an unknown SM count, one SM: unchanged.
+      {0, 8, 32, 132, 0}, {2, 8, 32, 0, 2}, {1, 8, 32, 1, 1},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(filling_head_group(c.base, c.per_head, c.heads_batches, c.sms), c.group)
+        << "base " << c.base << " per_head " << c.per_head << " heads_batches " << c.heads_batches << " sms "
+        << c.sms;
+  }
 }
 
 // The time the GPU takes for CTAs of the given lengths, started in index order, each on the first
