@@ -525,8 +525,8 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
     const cudaError_t err = fwd_causal_head_group(p, m_blocks, &grouped.head_group);
     if (err != cudaSuccess) return err;
   }
-  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs, kWG2>, grid, Tile::kThreads,
-                          Tile::kSmem, stream, maps, grouped);
+  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs, kWG2>, grid,
+                          Tile::kThreads, Tile::kSmem, stream, maps, grouped);
 }
 
 }  // namespace flashcos::cuda

@@ -1,6 +1,6 @@
-// Causal grids of the Hopper kernels in head groups, host and device code (tests/test_hopper_head_groups.cpp
-// checks it on the CPU): which CTA of a (b, head) a block index takes (grouped_cta), and how many
-// (b, head)s a group holds (filling_head_group, host only). Users: the backward's order
+// Causal grids of the Hopper kernels in head groups, host and device code (checked on the CPU by
+// tests/test_hopper_head_groups.cpp): which CTA of a (b, head) a block index takes (grouped_cta),
+// and how many (b, head)s a group holds (filling_head_group, host only). Users: the backward's order
 // (bwd_order.h) and the forward's grid (fwd_hopper_ws.cuh).
 //
 // Under a causal mask the CTAs of one (b, head) differ in length: the backward's key block 0 sees
