@@ -139,7 +139,9 @@ TEST(HopperHeadGroups, GrownGroupsFinishShortCausalGridsNearTheBest) {
     const double fixed_bwd = over_bound(grid_lengths(key_blocks, heads_batches, 2, bwd_len), sms);
     EXPECT_LT(grown_bwd, best_over_groups(key_blocks, heads_batches, bwd_len, sms) + 0.03);
     EXPECT_LE(grown_bwd, fixed_bwd + 1e-9);
-    if (n <= 2048) EXPECT_GT(fixed_bwd, 1.2);  // what the groups of 2 cost there
+    if (n <= 2048) {
+      EXPECT_GT(fixed_bwd, 1.2);  // what the groups of 2 cost there
+    }
     // Forward, d 64: row block m of n / 192 (rank r = the last block first) sees (m + 1) 192 keys.
     const int row_blocks = (n + 191) / 192;
     auto fwd_len = [&](int r) { return double(row_blocks - r); };
@@ -148,7 +150,9 @@ TEST(HopperHeadGroups, GrownGroupsFinishShortCausalGridsNearTheBest) {
     const double fixed_fwd = over_bound(grid_lengths(row_blocks, heads_batches, 1, fwd_len), sms);
     EXPECT_LT(grown_fwd, best_over_groups(row_blocks, heads_batches, fwd_len, sms) + 0.03);
     EXPECT_LE(grown_fwd, fixed_fwd + 1e-9);
-    if (n <= 2048) EXPECT_GT(fixed_fwd, 1.2);
+    if (n <= 2048) {
+      EXPECT_GT(fixed_fwd, 1.2);
+    }
   }
 }
 #else

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace flashcos::cuda {
@@ -67,11 +68,20 @@ cudaError_t launch_with_smem(void (*kernel)(Params...), dim3 grid, int threads, 
   return cudaGetLastError();
 }
 
-// The current device's multiprocessor count (launchers that size or order their grids by it).
+// The current device's multiprocessor count (launchers that size or order their grids by it; the
+// Hopper forward asks up to twice a launch, the backward once). Asked of the runtime once per device
+// (ids below kSmCountDevices) and kept: a device's count does not change while the process runs.
 inline cudaError_t current_device_sm_count(int* sms) {
+  constexpr int kSmCountDevices = 64;
+  static std::atomic<int> known[kSmCountDevices] = {};  // 0: not asked yet
   int device = 0;
-  const cudaError_t err = cudaGetDevice(&device);
-  return err != cudaSuccess ? err : cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const bool cached = device >= 0 && device < kSmCountDevices;
+  if (cached && (*sms = known[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+  err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && cached) known[device].store(*sms, std::memory_order_relaxed);
+  return err;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

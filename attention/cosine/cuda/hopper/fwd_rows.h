@@ -9,7 +9,7 @@
 // triangle. The estimate, in row-keys of a 192-row CTA:
 //   not causal: waves x the cost of one CTA, waves = ceil(CTAs / SMs) (every CTA does the same work);
 //   causal: max(the grid's work / SMs, its longest CTA), the CTAs being of many lengths (launched
-//           longest first in each head, so the short ones fill the last wave).
+//           longest first in each head group, head_groups.h, so the short ones fill the last wave).
 // The 128-row grid runs where its estimate is below the 192-row grid's.
 #pragma once
 

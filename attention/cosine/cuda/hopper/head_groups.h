@@ -24,6 +24,7 @@
 // 289; 16 138.7 / 292; 32 140.6 / 301.5; 256 (every head) 152.8 / 444.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -58,7 +59,7 @@ inline int filling_head_group(int base, int64_t per_head, int64_t heads_batches,
   if (base <= 0 || sms <= 0) return base;
   int64_t g = base;
   while (g < heads_batches && 2 * g <= kMaxHeadGroup && g * per_head * 16 < int64_t(sms) * 30) g *= 2;
-  return int(g < heads_batches ? g : heads_batches > base ? heads_batches : base);
+  return int(std::min<int64_t>(g, std::max<int64_t>(heads_batches, base)));
 }
 
 }  // namespace flashcos::cuda::hopper
