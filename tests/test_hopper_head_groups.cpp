@@ -127,32 +127,34 @@ double best_over_groups(int per_head, int heads_batches, const std::function<dou
   return best;
 }
 
+// A causal grid of per_head CTAs per (b, head), rank r taking length(r): the grown group (from
+// `base`) within 3 % of the best group size and no worse than `base` itself; on short sequences
+// `base` costs 1.2x the bound or more.
+void expect_grown_group_near_best(int base, int per_head, int heads_batches, int sms, bool short_sequence,
+                                  const std::function<double(int)>& length) {
+  const int grown = filling_head_group(base, per_head, heads_batches, sms);
+  const double grown_over = over_bound(grid_lengths(per_head, heads_batches, grown, length), sms);
+  const double fixed_over = over_bound(grid_lengths(per_head, heads_batches, base, length), sms);
+  EXPECT_LT(grown_over, best_over_groups(per_head, heads_batches, length, sms) + 0.03);
+  EXPECT_LE(grown_over, fixed_over + 1e-9);
+  if (short_sequence) {
+    EXPECT_GT(fixed_over, 1.2);  // what the fixed groups cost there
+  }
+}
+
 TEST(HopperHeadGroups, GrownGroupsFinishShortCausalGridsNearTheBest) {
   const int sms = 132, heads_batches = 32;  // b4 h8
   for (int n : {1024, 2048, 4096, 8192, 16384}) {
     SCOPED_TRACE(::testing::Message() << "n " << n);
-    // Backward, d 128: key block r of n / 128 sees the 64-row steps from its diagonal on.
-    const int key_blocks = n / 128;
-    auto bwd_len = [&](int r) { return double(n / 64 - 2 * r); };
-    const int g_bwd = filling_head_group(2, key_blocks, heads_batches, sms);
-    const double grown_bwd = over_bound(grid_lengths(key_blocks, heads_batches, g_bwd, bwd_len), sms);
-    const double fixed_bwd = over_bound(grid_lengths(key_blocks, heads_batches, 2, bwd_len), sms);
-    EXPECT_LT(grown_bwd, best_over_groups(key_blocks, heads_batches, bwd_len, sms) + 0.03);
-    EXPECT_LE(grown_bwd, fixed_bwd + 1e-9);
-    if (n <= 2048) {
-      EXPECT_GT(fixed_bwd, 1.2);  // what the groups of 2 cost there
-    }
-    // Forward, d 64: row block m of n / 192 (rank r = the last block first) sees (m + 1) 192 keys.
+    // Backward, d 128, from groups of 2: key block r of n / 128 sees the 64-row steps from its
+    // diagonal on.
+    expect_grown_group_near_best(2, n / 128, heads_batches, sms, n <= 2048,
+                                 [&](int r) { return double(n / 64 - 2 * r); });
+    // Forward, d 64, from groups of 1: row block m of n / 192 (rank r = the last block first) sees
+    // (m + 1) 192 keys.
     const int row_blocks = (n + 191) / 192;
-    auto fwd_len = [&](int r) { return double(row_blocks - r); };
-    const int g_fwd = filling_head_group(1, row_blocks, heads_batches, sms);
-    const double grown_fwd = over_bound(grid_lengths(row_blocks, heads_batches, g_fwd, fwd_len), sms);
-    const double fixed_fwd = over_bound(grid_lengths(row_blocks, heads_batches, 1, fwd_len), sms);
-    EXPECT_LT(grown_fwd, best_over_groups(row_blocks, heads_batches, fwd_len, sms) + 0.03);
-    EXPECT_LE(grown_fwd, fixed_fwd + 1e-9);
-    if (n <= 2048) {
-      EXPECT_GT(fixed_fwd, 1.2);
-    }
+    expect_grown_group_near_best(1, row_blocks, heads_batches, sms, n <= 2048,
+                                 [&](int r) { return double(row_blocks - r); });
   }
 }
 #else
