@@ -160,6 +160,9 @@ fc::FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at
 
 struct BwdBuffers {
   at::Tensor delta, row_offset, dq_accum, dq, dk, dv, dbias_accum;
+  // dq in 16 bits from the launcher: (B, Hkv) int32 counters zeroed with dq_accum, in its storage
+  // (dq_finish.cuh); undefined where the caller converts dq_accum itself.
+  at::Tensor dq_done;
   at::Tensor dq_semaphore;  // deterministic mode, 16-bit kernels: (B, H, ceil(I / 16) + 1) int32 counters (dq_semaphore.cuh)
   at::Tensor dq_grid, dq_grid_kv;  // deterministic mode, cosine kind: (B, H, I) float, (B, Hkv, 2) int32 (dq_grid.h)
 };
@@ -179,6 +182,12 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
   p.row_offset = buf.row_offset.defined() ? buf.row_offset.data_ptr() : nullptr;
   p.dq_accum = buf.dq_accum.defined() ? buf.dq_accum.data_ptr() : nullptr;
   p.dq = buf.dq_accum.defined() ? nullptr : buf.dq.data_ptr();
+  // 16-bit dq from dq_accum by the launcher's last kernel (with the counters where the kernel takes
+  // them), unless the caller keeps dq_accum or converts it (FLASHCOS_DQ_FINISH=0).
+  if (buf.dq_accum.defined() && buf.dq.defined() && buf.dq_done.defined()) {
+    p.dq_out = buf.dq.data_ptr();
+    p.dq_done = buf.dq_done.data_ptr<int>();
+  }
   p.dk = buf.dk.data_ptr();
   p.dv = buf.dv.data_ptr();
   p.dk_b_stride = buf.dk.stride(0), p.dk_h_stride = buf.dk.stride(1), p.dk_j_stride = buf.dk.stride(2);
@@ -244,7 +253,16 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   if (!(accum && dq_float)) buf.dq = at::empty({B, H, I, D}, q.options());
   if (accum) {
     buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
-    buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);     // (B, H, I, D)
+    // FLASHCOS_DQ_FINISH=0: dq by a copy here after the launch, as before dq_finish.cuh (read once).
+    static const bool finish_on = fc::env_switch_on("FLASHCOS_DQ_FINISH");
+    if (buf.dq.defined() && finish_on) {  // one fill for dq_accum (B, H, I, D) and the counters
+      const int64_t n = B * H * I * D;
+      const at::Tensor storage = at::zeros({n + B * Hkv}, acc_opts);
+      buf.dq_accum = storage.narrow(0, 0, n).view({B, H, I, D});
+      buf.dq_done = storage.narrow(0, n, B * Hkv).view(at::kInt);
+    } else {
+      buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);  // (B, H, I, D)
+    }
     if (args.deterministic) buf.dq_semaphore = at::zeros({B, H, (I + 15) / 16 + 1}, q.options().dtype(at::kInt));
     // The Hopper backward rounds dq to each row's grid (its launcher computes the grid) and adds in
     // any order (dq_grid.h); the other kernels keep the ordered adds.
@@ -270,7 +288,8 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
 
   BackwardResult r;
-  if (buf.dq_accum.defined() && buf.dq.defined()) buf.dq.copy_(buf.dq_accum);
+  if (J == 0 && !accum) buf.dq.zero_();  // no keys: the float kernels did not run (launch.cu)
+  if (buf.dq_accum.defined() && buf.dq.defined() && !buf.dq_done.defined()) buf.dq.copy_(buf.dq_accum);
   r.dq = buf.dq.defined() ? buf.dq : buf.dq_accum;
   r.dk = buf.dk;
   r.dv = buf.dv;

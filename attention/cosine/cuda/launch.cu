@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "attention/cosine/cuda/bwd_kernel.cuh"  // launch_delta, and dq_grid.cuh's launch_dq_grid_kv
+#include "attention/cosine/cuda/dq_finish.cuh"
 #include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/launch_templates.h"
 #include "attention/common/cuda/static_switch.h"
@@ -114,7 +115,11 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!supports_head_dim(p.D)) return cudaErrorInvalidValue;
-  if (p.B == 0 || p.H == 0 || p.I == 0 || p.J == 0) return cudaSuccess;
+  if (p.B == 0 || p.H == 0 || p.I == 0) return cudaSuccess;
+  if (p.J == 0) {  // no keys: dq = 0 (dq_accum as zeroed)
+    if (p.dq_out == nullptr || !is_16bit(p.dtype)) return cudaSuccess;
+    return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] { return launch_dq_finish<T>(p, 0, stream); });
+  }
   switch (pick_family(p, hopper_covers_bwd(p))) {
 #ifdef FLASHCOS_HAS_HOPPER
     case Family::kHopper: {
@@ -131,7 +136,8 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
 #endif
     case Family::kSm80Mma:
       return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {
-        return FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_bwd<T, kD>(p, stream); });
+        const cudaError_t err = FLASHCOS_HEADDIM_SWITCH(p.D, kD, [&] { return launch_bwd<T, kD>(p, stream); });
+        return err != cudaSuccess || p.dq_out == nullptr ? err : launch_dq_finish<T>(p, 0, stream);
       });
     default:
       return FLASHCOS_FLOAT_SWITCH(p.dtype, T, [&] {

@@ -73,6 +73,13 @@ struct BwdParams : CommonParams {
   // caller, already multiplied by scale; the fp32/fp64 kernels write dq directly.
   void* dq_accum = nullptr;
   void* dq = nullptr;  // (B, H, I, D) contiguous, fp32/fp64 kernels only
+  // The 16-bit kernels' dq, or nullptr (the caller converts dq_accum itself): (B, H, I, D)
+  // contiguous, the inputs' type, written from dq_accum by the launcher's last kernel (dq_finish.cuh).
+  void* dq_out = nullptr;
+  // With dq_out: (B, Hkv) int counters zeroed by the caller, or nullptr. The Hopper backward's dQ
+  // warps count there each CTA's completed adds into its (b, kv head)'s dQ, so that dq_out's
+  // conversion of a head starts while the other heads' CTAs still run (dq_finish.cuh).
+  int* dq_done = nullptr;
   void* dk = nullptr;  // (B, Hkv, J, D), strides below (16-bit kernels: multiples of 8, 16-byte aligned)
   void* dv = nullptr;  // (B, Hkv, J, D), strides below
   int64_t dk_b_stride = 0, dk_h_stride = 0, dk_j_stride = 0;

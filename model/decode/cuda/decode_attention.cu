@@ -12,7 +12,7 @@
 
 #include <algorithm>
 
-#include "model/decode/cuda/pdl.cuh"
+#include "attention/common/cuda/pdl.cuh"
 #include "model/fused/cuda/vec.cuh"
 
 namespace flashcos::cuda {
@@ -254,7 +254,8 @@ cudaError_t run_decode_attention(const DecodeAttentionParams& p, cudaStream_t st
       p.splits > p.max_len) {
     return cudaErrorInvalidValue;
   }
-  return pdl::launch<decode_attention_kernel>(dim3(p.heads, p.splits), dim3(kThreads), stream, p);
+  static const bool pdl_on = pdl::env_allows("FLASHCOS_DECODE_PDL");
+  return pdl::launch<decode_attention_kernel>(pdl_on, dim3(p.heads, p.splits), dim3(kThreads), stream, p);
 }
 
 }  // namespace flashcos::cuda

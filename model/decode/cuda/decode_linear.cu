@@ -14,7 +14,7 @@
 //      the store or the residual add.
 #include "model/decode/cuda/decode_linear.h"
 
-#include "model/decode/cuda/pdl.cuh"
+#include "attention/common/cuda/pdl.cuh"
 #include "model/fused/cuda/vec.cuh"
 
 namespace flashcos::cuda {
@@ -158,10 +158,11 @@ cudaError_t run_decode_linear(const DecodeLinearParams& p, cudaStream_t stream) 
   }
   const dim3 grid((p.n + kWarps - 1) / kWarps), block(kThreads);
   const int chunks = (p.k / kVec + 31) / 32;
-  if (chunks <= 1) return pdl::launch<decode_linear_kernel<1>>(grid, block, stream, p);
-  if (chunks <= 2) return pdl::launch<decode_linear_kernel<2>>(grid, block, stream, p);
-  if (chunks <= 4) return pdl::launch<decode_linear_kernel<4>>(grid, block, stream, p);
-  return pdl::launch<decode_linear_kernel<8>>(grid, block, stream, p);
+  static const bool pdl_on = pdl::env_allows("FLASHCOS_DECODE_PDL");
+  if (chunks <= 1) return pdl::launch<decode_linear_kernel<1>>(pdl_on, grid, block, stream, p);
+  if (chunks <= 2) return pdl::launch<decode_linear_kernel<2>>(pdl_on, grid, block, stream, p);
+  if (chunks <= 4) return pdl::launch<decode_linear_kernel<4>>(pdl_on, grid, block, stream, p);
+  return pdl::launch<decode_linear_kernel<8>>(pdl_on, grid, block, stream, p);
 }
 
 }  // namespace flashcos::cuda

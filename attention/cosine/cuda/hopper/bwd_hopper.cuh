@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "attention/cosine/cuda/dq_finish.cuh"
 #include "attention/cosine/cuda/dq_grid.cuh"
 #include "attention/cosine/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/bwd_hopper_ws.cuh"
@@ -90,7 +91,14 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
                                    : hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, true>;
       }
     }
-    return launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
+    // dq_out: converted by dq_finish_kernel, overlapped with the last wave where the dQ warps count
+    // (kTmaDq: two counts per CTA), else after the kernel.
+    const bool counted = kTmaDq && p.dq_out != nullptr && p.dq_done != nullptr;
+    if (!counted) banded.dq_done = nullptr;
+    const cudaError_t run =
+        launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
+    if (run != cudaSuccess || p.dq_out == nullptr) return run;
+    return launch_dq_finish<T>(banded, counted ? int(2 * (blocks / (int64_t(p.Hkv) * p.B))) : 0, stream);
   }
 }
 

@@ -56,11 +56,15 @@
 // key-block order, or rotated inside a band; it waits on the unit's counter before the reduction
 // and counts the unit once the reduction has completed); without it the consumers order their
 // atomics.
+// With p.dq_done each dQ warp counts its completed adds per (b, kv head) at the end, and the CTAs
+// let the launcher's dq_finish_kernel (dq_finish.cuh) launch as they start: it converts each head's
+// dQ to 16 bits on the SMs the last wave leaves idle.
 // Timings of every version: docs/kernels-tried.md, "Timings of the versions".
 #pragma once
 
 #include <cuda.h>
 
+#include "attention/common/cuda/pdl.cuh"
 #include "attention/cosine/cuda/bwd_kernel.cuh"
 #include "attention/cosine/cuda/dq_semaphore.cuh"
 #include "attention/cosine/cuda/hopper/bwd_producer.cuh"
@@ -88,6 +92,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
 
+  // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
+  // counts, p.dq_done, and runs on the SMs the last wave leaves idle).
+  pdl::allow_next_grid();
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + kSw128Atom - 1) & ~uint32_t(kSw128Atom - 1)) - raw_addr);
@@ -159,7 +166,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // its registers away.
     regs_dealloc<Tile::kProducerRegs>();
     if (kTmaDq && (warp == 1 || warp == 2) && lane == 0) {
-      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, turns, n_iters, steps);
+      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, hkv, turns, n_iters,
+                                           steps);
     } else if (warp == 0) {
       bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_full, bar_empty, lane, n0, hkv,
                                     b, n_iters, steps);

@@ -5,7 +5,8 @@
 //                 and Q, dO by TMA into stage it % kStages;
 //   bwd_dq_reduce warp 1 + c, one lane (kTmaDq): consumer c's dQ part of each step, added to the fp32
 //                 accumulator by TMA reductions (cp.reduce.async.bulk.tensor), in key-block order in
-//                 the deterministic mode (dq_semaphore.cuh).
+//                 the deterministic mode (dq_semaphore.cuh); once all are complete, the CTA's
+//                 count in p.dq_done (dq_finish.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -72,7 +73,7 @@ struct BwdWsTile {
 template <typename Tile, bool kDet, bool kDetAhead>
 __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdParams& p, unsigned char* sdQ,
                                               uint64_t* bar_dq_full, uint64_t* bar_dq_empty, int cc, int b,
-                                              const DqTurns& turns, int n_iters, const BwdSteps& steps) {
+                                              int hkv, const DqTurns& turns, int n_iters, const BwdSteps& steps) {
   constexpr bool kSplitRows = Tile::kSplitRows;
   const int I = p.I, H = p.H;
   // dQ: consumer cc's part of step k, added to the accumulator by a TMA reduction once the
@@ -134,6 +135,14 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
   }
   bulk_wait<0>();
   if constexpr (kDet) count(pending);
+  // This consumer's adds into (b, hkv)'s dQ are complete: counted for dq_finish_kernel, which
+  // converts the head once every CTA's two counts are in (release: the proxy fence orders the
+  // reductions' writes before the generic proxy's fence and count).
+  if (p.dq_done != nullptr) {
+    fence_proxy_async_global();
+    __threadfence();
+    atomicAdd(p.dq_done + (int64_t(b) * p.Hkv + hkv), 1);
+  }
 }
 
 // Warp 0: K, V once, then each step's row stats and Q, dO (kFoldScale: D_i times the scale, as the

@@ -1,5 +1,6 @@
-// Programmatic dependent launch (PDL, compute capability 9.0+) for the decode step's chain of small
-// dependent kernels (decode_linear.cu, decode_attention.cu). A kernel launched with
+// Programmatic dependent launch (PDL, compute capability 9.0+): the decode step's chain of small
+// dependent kernels (model/decode/cuda/decode_linear.cu, decode_attention.cu) and the backward's dQ
+// conversion (attention/cosine/cuda/dq_finish.cuh). A kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start once every block of the kernel
 // before it on the stream has called allow_next_grid() (or exited); it then runs its preamble
 // (loads of weights that no kernel of the step writes) and blocks in wait_for_previous_grid() until
@@ -8,8 +9,9 @@
 //   before the wait: read only what no kernel of the stream writes (weights, LayerNorm parameters);
 //   after it: every read of an activation / position / token and every write.
 // Both instructions are no-ops when the launch had no such attribute (an sm_90 kernel launched
-// plainly) and are compiled out below sm_90, where the launch is plain too.
-// FLASHCOS_DECODE_PDL=0 launches plainly everywhere (for timing comparisons).
+// plainly) and are compiled out below sm_90, where the launch is plain too. Each user has its own
+// switch to launch plainly for timing comparisons (env_allows: FLASHCOS_DECODE_PDL=0,
+// FLASHCOS_DQ_FINISH_PDL=0).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,14 +38,15 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
-// Whether the current device takes the PDL attribute: compute capability 9.0+ and
-// FLASHCOS_DECODE_PDL not "0". The capability is looked up once per device.
+// Whether the environment variable `var` leaves PDL on (anything but "0"); callers keep the answer.
+inline bool env_allows(const char* var) {
+  const char* env = std::getenv(var);
+  return !(env != nullptr && std::strcmp(env, "0") == 0);
+}
+
+// Whether the current device takes the PDL attribute: compute capability 9.0+, looked up once per
+// device.
 inline bool device_takes_pdl() {
-  static const bool off = [] {
-    const char* env = std::getenv("FLASHCOS_DECODE_PDL");
-    return env != nullptr && std::strcmp(env, "0") == 0;
-  }();
-  if (off) return false;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> major[kMaxDevices] = {};  // 0: not looked up yet
   int device = 0;
@@ -56,19 +59,19 @@ inline bool device_takes_pdl() {
   return m >= 9;
 }
 
-// kKernel<<<grid, block, 0, stream>>>(args...), with programmatic stream serialization where the
-// device takes it and the kernel's code was compiled from sm_90+ PTX (looked up at its first
-// launch): code JIT-compiled from older PTX has no griddepcontrol.wait and, launched so, would
+// kKernel<<<grid, block, 0, stream>>>(args...), with programmatic stream serialization where
+// `wanted`, the device takes it and the kernel's code was compiled from sm_90+ PTX (looked up at its
+// first launch): code JIT-compiled from older PTX has no griddepcontrol.wait and, launched so, would
 // read its inputs before the previous kernel is done. Returns the launch's error.
 template <auto kKernel, class... Args>
-cudaError_t launch(dim3 grid, dim3 block, cudaStream_t stream, const Args&... args) {
+cudaError_t launch(bool wanted, dim3 grid, dim3 block, cudaStream_t stream, const Args&... args) {
   static const bool kernel_waits = [] {
     cudaFuncAttributes attr;
     const bool ok = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90;
     (void)cudaGetLastError();  // a failed look-up only means no PDL
     return ok;
   }();
-  if (!kernel_waits || !device_takes_pdl()) {
+  if (!wanted || !kernel_waits || !device_takes_pdl()) {
     kKernel<<<grid, block, 0, stream>>>(args...);
     return cudaGetLastError();
   }
