@@ -460,11 +460,11 @@ fi
 
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over SANITIZE_FILTER (a gtest filter;
 # default: the trainer's fused operators, the one-row decode linear, the l2norm kernels, the Hopper
-# forward (d64, d128) and the deterministic backward on one case each; the graph
+# forward (d64, d128), the deterministic backward and the backward's dq conversion on one case each; the graph
 # decode and decode-step suites take minutes under the sanitizer, name them to include them;
 # SANITIZE_TIMEOUT seconds per tool, default 200; SANITIZE_TOOLS, default all three).
 if has sanitize; then
-  filter=${SANITIZE_FILTER:-'Cases/AddLayerNormCuda.*:Cases/BiasGeluCuda.*:*ClassifierCrossEntropyCuda*:DecodeLinear.*:Gpu/L2NormCuda.*:*FusedAttention*d64_causal_1000*:*FusedAttention*d128_groups2_causal*:*DeterministicBackward*hopper_bf16_d128_full*'}
+  filter=${SANITIZE_FILTER:-'Cases/AddLayerNormCuda.*:Cases/BiasGeluCuda.*:*ClassifierCrossEntropyCuda*:DecodeLinear.*:Gpu/L2NormCuda.*:*FusedAttention*d64_causal_1000*:*FusedAttention*d128_groups2_causal*:*DeterministicBackward*hopper_bf16_d128_full*:*DqFinishCuda*bf16_d128_i63_j127_gqa*'}
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/flashcos_tests" --gtest_filter="$filter" \
         > "$LOG/sanitize_$tool.log" 2>&1
