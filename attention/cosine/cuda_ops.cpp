@@ -288,7 +288,6 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
 
   BackwardResult r;
-  if (J == 0 && !accum) buf.dq.zero_();  // no keys: the float kernels did not run (launch.cu)
   if (buf.dq_accum.defined() && buf.dq.defined() && !buf.dq_done.defined()) buf.dq.copy_(buf.dq_accum);
   r.dq = buf.dq.defined() ? buf.dq : buf.dq_accum;
   r.dk = buf.dk;

@@ -11,8 +11,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cstdint>
+
+#include "attention/common/cuda/device_attribute.h"  // current_device_sm_count, for the launchers
 
 namespace flashcos::cuda {
 
@@ -66,22 +67,6 @@ cudaError_t launch_with_smem(void (*kernel)(Params...), dim3 grid, int threads, 
   }
   kernel<<<grid, threads, smem, stream>>>(params...);
   return cudaGetLastError();
-}
-
-// The current device's multiprocessor count (launchers that size or order their grids by it; the
-// Hopper forward asks up to twice a launch, the backward once). Asked of the runtime once per device
-// (ids below kSmCountDevices) and kept: a device's count does not change while the process runs.
-inline cudaError_t current_device_sm_count(int* sms) {
-  constexpr int kSmCountDevices = 64;
-  static std::atomic<int> known[kSmCountDevices] = {};  // 0: not asked yet
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const bool cached = device >= 0 && device < kSmCountDevices;
-  if (cached && (*sms = known[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
-  err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && cached) known[device].store(*sms, std::memory_order_relaxed);
-  return err;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

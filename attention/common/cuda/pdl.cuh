@@ -16,9 +16,10 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
+
+#include "attention/common/cuda/device_attribute.h"
 
 namespace flashcos::cuda::pdl {
 
@@ -44,19 +45,10 @@ inline bool env_allows(const char* var) {
   return !(env != nullptr && std::strcmp(env, "0") == 0);
 }
 
-// Whether the current device takes the PDL attribute: compute capability 9.0+, looked up once per
-// device.
+// Whether the current device takes the PDL attribute: compute capability 9.0+.
 inline bool device_takes_pdl() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> major[kMaxDevices] = {};  // 0: not looked up yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  int m = major[device].load(std::memory_order_relaxed);
-  if (m == 0) {
-    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    major[device].store(m, std::memory_order_relaxed);
-  }
-  return m >= 9;
+  int major = 0;
+  return current_device_attribute<cudaDevAttrComputeCapabilityMajor>(&major) == cudaSuccess && major >= 9;
 }
 
 // kKernel<<<grid, block, 0, stream>>>(args...), with programmatic stream serialization where

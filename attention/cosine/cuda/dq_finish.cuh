@@ -14,8 +14,8 @@
 //   backward's CTAs allow as they start. So its CTAs take the SMs that the backward's last wave
 //   leaves idle, and go through their items (x, x + grid, ...: range by range, in the order the
 //   backward finishes them) as the ranges are done: before the first item of a range, thread 0
-//   waits until the range's counter reaches `expected` (acquire loads; the backward's counts are
-//   release: its reductions completed, proxy fence, threadfence).
+//   waits until the range's counter reaches `expected` (dq_semaphore.cuh's wait and count: acquire
+//   loads against the backward's release adds, made once its reductions completed).
 //   Each CTA ends in griddepcontrol.wait, so that this kernel completes after the backward: the
 //   stream's next kernel may read dk and dv.
 // H100 (runs W2, W3 of 2026-11-27; docs/performance.md, "The backward's dq conversion"): the copy
@@ -27,8 +27,10 @@
 
 #include <cstdint>
 
-#include "attention/common/cuda/mma.cuh"  // current_device_sm_count
+#include "attention/common/cuda/device_attribute.h"
+#include "attention/common/cuda/mma.cuh"  // pack2
 #include "attention/common/cuda/pdl.cuh"
+#include "attention/cosine/cuda/dq_semaphore.cuh"  // dq_unit_wait
 #include "attention/cosine/cuda/params.h"
 
 namespace flashcos::cuda {
@@ -36,12 +38,6 @@ namespace flashcos::cuda {
 constexpr int kDqFinishThreads = 256;
 constexpr int kDqFinishVecs = 4;  // float4 per thread and item
 constexpr int64_t kDqFinishChunk = int64_t(kDqFinishThreads) * kDqFinishVecs * 4;
-
-__device__ __forceinline__ int load_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdParams p, int expected) {
@@ -55,8 +51,7 @@ __global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdPa
   for (uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
     const uint32_t hb = item / per_range;
     if (expected > 0 && hb != ready) {
-      if (threadIdx.x == 0)
-        while (load_acquire_gpu(p.dq_done + hb) < expected) __nanosleep(1000);
+      if (threadIdx.x == 0) dq_unit_wait(p.dq_done + hb, expected, 1000);
       __syncthreads();
       ready = hb;
     }

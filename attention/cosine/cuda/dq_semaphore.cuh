@@ -30,12 +30,14 @@ __device__ __forceinline__ int* dq_unit_counter(int* base, int b, int H, int h, 
   return base + (int64_t(b) * H + h) * dq_counters_per_head(I) + r0 / 16;
 }
 
-__device__ __forceinline__ void dq_unit_wait(const int* counter, int target) {
+// Spins until *counter >= target (acquire), sleeping sleep_ns between loads (dq_finish.cuh's waits,
+// which may last the whole backward, sleep longer).
+__device__ __forceinline__ void dq_unit_wait(const int* counter, int target, unsigned sleep_ns = 64) {
   for (;;) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
     if (v >= target) return;
-    __nanosleep(64);
+    __nanosleep(sleep_ns);
   }
 }
 

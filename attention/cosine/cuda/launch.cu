@@ -13,6 +13,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "attention/common/cuda/device_attribute.h"
 #include "attention/cosine/cuda/bwd_kernel.cuh"  // launch_delta, and dq_grid.cuh's launch_dq_grid_kv
 #include "attention/cosine/cuda/dq_finish.cuh"
 #include "attention/cosine/cuda/env_switch.h"
@@ -35,11 +36,10 @@ bool hopper_enabled() {
   return enabled;
 }
 
-bool hopper_device() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+bool hopper_device() {  // asked on every launch: the capability is kept per device
+  int major = 0, minor = 0;
+  if (current_device_attribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess) return false;
+  if (current_device_attribute<cudaDevAttrComputeCapabilityMinor>(&minor) != cudaSuccess) return false;
   return major == 9 && minor == 0;
 }
 
@@ -116,9 +116,14 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!supports_head_dim(p.D)) return cudaErrorInvalidValue;
   if (p.B == 0 || p.H == 0 || p.I == 0) return cudaSuccess;
-  if (p.J == 0) {  // no keys: dq = 0 (dq_accum as zeroed)
-    if (p.dq_out == nullptr || !is_16bit(p.dtype)) return cudaSuccess;
-    return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] { return launch_dq_finish<T>(p, 0, stream); });
+  if (p.J == 0) {  // no keys, no kernel: dq = 0 (16 bits: from the zeroed dq_accum where dq_out is set)
+    if (is_16bit(p.dtype)) {
+      if (p.dq_out == nullptr) return cudaSuccess;
+      return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] { return launch_dq_finish<T>(p, 0, stream); });
+    }
+    if (p.dq == nullptr) return cudaSuccess;
+    const size_t bytes = size_t(p.B) * p.H * p.I * p.D * (p.dtype == DType::kDouble ? 8 : 4);
+    return cudaMemsetAsync(p.dq, 0, bytes, stream);
   }
   switch (pick_family(p, hopper_covers_bwd(p))) {
 #ifdef FLASHCOS_HAS_HOPPER

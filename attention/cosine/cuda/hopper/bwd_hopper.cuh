@@ -66,7 +66,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
         (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, p.D, 64) != cudaSuccess)) {
       return cudaErrorNotSupported;
     }
-    const int64_t blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN * p.Hkv * p.B;
+    const int64_t key_blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN;
+    const int64_t blocks = key_blocks * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
     if (fixed) {  // the rows' grid constants (dq_grid.cuh)
       const cudaError_t grid = launch_dq_grid_kv<T>(p, stream);  // the delta kernel writes the rows
@@ -98,7 +99,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     const cudaError_t run =
         launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
     if (run != cudaSuccess || p.dq_out == nullptr) return run;
-    return launch_dq_finish<T>(banded, counted ? int(2 * (blocks / (int64_t(p.Hkv) * p.B))) : 0, stream);
+    return launch_dq_finish<T>(banded, counted ? int(2 * key_blocks) : 0, stream);
   }
 }
 

@@ -136,12 +136,12 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
   bulk_wait<0>();
   if constexpr (kDet) count(pending);
   // This consumer's adds into (b, hkv)'s dQ are complete: counted for dq_finish_kernel, which
-  // converts the head once every CTA's two counts are in (release: the proxy fence orders the
-  // reductions' writes before the generic proxy's fence and count).
+  // converts the head once every CTA's two counts are in (the proxy fence orders the reductions'
+  // writes before the generic proxy's fence and release add).
   if (p.dq_done != nullptr) {
     fence_proxy_async_global();
     __threadfence();
-    atomicAdd(p.dq_done + (int64_t(b) * p.Hkv + hkv), 1);
+    dq_unit_done(p.dq_done + (int64_t(b) * p.Hkv + hkv));
   }
 }
 
