@@ -75,7 +75,7 @@
 namespace flashcos::cuda::hopper {
 
 template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false,
-          bool kFixed = false>
+          bool kFixed = false, bool kDsFp32 = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -91,6 +91,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
+  // kPairDs: dS from one 16-bit multiply per pair (below); bf16 only, where rounding dP - D_i to T
+  // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).
+  constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;
 
   // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
   // counts, p.dq_done, and runs on the SMs the last wave leaves idle).
@@ -468,11 +471,27 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     fence_regs(rdP);
     if (it == 0 && c == 0) named_bar_arrive<1, kConsumerThreads>();
     // dS^T from the 16-bit P that dV uses (rS is dead once packed: its 64 registers are what
-    // the 240-register consumers lack).
+    // the 240-register consumers lack). kPairDs: dP scale - D_i scale rounded to bf16, times the
+    // packed P by one bf16x2 multiply per pair, straight into dS's A fragments (two roundings to
+    // bf16 instead of one, no unpacking of P: per thread and 128-row step 64 unpacks and 64 fp32
+    // multiplies become 32 pair multiplies). Otherwise (fp16, kBias, whose dbias wants dS in fp32,
+    // and kDsFp32) the product in fp32, rounded once.
+    if constexpr (kPairDs) {
 #pragma unroll
-    for (int i = 0; i < kBM / 2; ++i) {
-      const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
-      rdP[i] = (i % 2 ? pp.y : pp.x) * fmaf(rdP[i], ds_scale, -rD[2 * (i / 4) + i % 2]);
+      for (int kk = 0; kk < kMT; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int i = 8 * kk + 2 * j;  // word j of k-step kk: elements i, i + 1 (rows i / 4 pairs)
+          rdSf[kk][j] = mul_pairs<T>(pack2<T>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]),
+                                              fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1])),
+                                     rPf[kk][j]);
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBM / 2; ++i) {
+        const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
+        rdP[i] = (i % 2 ? pp.y : pp.x) * fmaf(rdP[i], ds_scale, -rD[2 * (i / 4) + i % 2]);
+      }
     }
     if constexpr (kBias) {
       // dbias = dS (without the folded scale), added by fp32 reductions (sm_80's bwd_kernel.cuh does
@@ -492,8 +511,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         rowp += 8 * int64_t(J);
       }
     }
+    if constexpr (!kPairDs) {
 #pragma unroll
-    for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
+      for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
+    }
     if (it >= 2) mbar_wait(bar_ds_empty + (it & 1), ((it - 2) >> 1) & 1);
     store_ds();
     // dK reads dS from registers: issued before the proxy fence, which waits for the dS stores that

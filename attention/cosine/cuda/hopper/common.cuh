@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/common/cuda/mma.cuh"
 
@@ -171,6 +172,19 @@ __device__ __forceinline__ void load_tile_sw128(unsigned char* s_tile, const T* 
     cp_async_16(s_tile + (ch / 8) * ROWS * kSw128Row + row * kSw128Row + (((ch % 8) ^ (row % 8)) * 16), src,
                 valid);
   }
+}
+
+// The elementwise product of two packed 16-bit pairs, rounded once to T (sm_90's bf16x2 / f16x2
+// multiply: one instruction for two elements).
+template <typename T>
+__device__ __forceinline__ uint32_t mul_pairs(uint32_t a, uint32_t b) {
+  uint32_t d;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  } else {
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  }
+  return d;
 }
 
 // Accumulator pairs -> one A fragment (k-step kk covers accumulator n8 blocks 2kk, 2kk + 1).
