@@ -22,7 +22,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "attention/cosine/cuda/env_switch.h"
+#include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/params.h"
 #endif
 #include "attention/cosine/dq_grid.h"

@@ -10,14 +10,11 @@
 //   after it: every read of an activation / position / token and every write.
 // Both instructions are no-ops when the launch had no such attribute (an sm_90 kernel launched
 // plainly) and are compiled out below sm_90, where the launch is plain too. Each user has its own
-// switch to launch plainly for timing comparisons (env_allows: FLASHCOS_DECODE_PDL=0,
-// FLASHCOS_DQ_FINISH_PDL=0).
+// switch to launch plainly for timing comparisons (env_switch.h's env_switch_on:
+// FLASHCOS_DECODE_PDL=0, FLASHCOS_DQ_FINISH_PDL=0), passed to launch() as `wanted`.
 #pragma once
 
 #include <cuda_runtime.h>
-
-#include <cstdlib>
-#include <cstring>
 
 #include "attention/common/cuda/device_attribute.h"
 
@@ -37,12 +34,6 @@ __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
-}
-
-// Whether the environment variable `var` leaves PDL on (anything but "0"); callers keep the answer.
-inline bool env_allows(const char* var) {
-  const char* env = std::getenv(var);
-  return !(env != nullptr && std::strcmp(env, "0") == 0);
 }
 
 // Whether the current device takes the PDL attribute: compute capability 9.0+.

@@ -29,6 +29,7 @@
 
 #include "attention/common/cuda/device_attribute.h"
 #include "attention/common/cuda/mma.cuh"  // pack2
+#include "attention/common/cuda/env_switch.h"
 #include "attention/common/cuda/pdl.cuh"
 #include "attention/cosine/cuda/dq_semaphore.cuh"  // dq_unit_wait
 #include "attention/cosine/cuda/params.h"
@@ -93,7 +94,7 @@ cudaError_t launch_dq_finish(const BwdParams& p, int expected, cudaStream_t stre
   int sms = 0;
   const cudaError_t attr = current_device_sm_count(&sms);
   if (attr != cudaSuccess) return attr;
-  static const bool pdl_on = pdl::env_allows("FLASHCOS_DQ_FINISH_PDL");
+  static const bool pdl_on = env_switch_on("FLASHCOS_DQ_FINISH_PDL");
   const bool overlap = pdl_on && expected > 0;
   // Overlapped: few enough CTAs that all of them fit on the SMs the last wave leaves (the backward
   // holds a whole SM's registers per CTA), since a CTA that starts only after the backward also

@@ -16,7 +16,7 @@
 #include "attention/common/cuda/device_attribute.h"
 #include "attention/cosine/cuda/bwd_kernel.cuh"  // launch_delta, and dq_grid.cuh's launch_dq_grid_kv
 #include "attention/cosine/cuda/dq_finish.cuh"
-#include "attention/cosine/cuda/env_switch.h"
+#include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/launch_templates.h"
 #include "attention/common/cuda/static_switch.h"
 

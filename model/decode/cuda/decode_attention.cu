@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "attention/common/cuda/env_switch.h"
 #include "attention/common/cuda/pdl.cuh"
 #include "model/fused/cuda/vec.cuh"
 
@@ -254,7 +255,7 @@ cudaError_t run_decode_attention(const DecodeAttentionParams& p, cudaStream_t st
       p.splits > p.max_len) {
     return cudaErrorInvalidValue;
   }
-  static const bool pdl_on = pdl::env_allows("FLASHCOS_DECODE_PDL");
+  static const bool pdl_on = env_switch_on("FLASHCOS_DECODE_PDL");
   return pdl::launch<decode_attention_kernel>(pdl_on, dim3(p.heads, p.splits), dim3(kThreads), stream, p);
 }
 

@@ -14,6 +14,7 @@
 //      the store or the residual add.
 #include "model/decode/cuda/decode_linear.h"
 
+#include "attention/common/cuda/env_switch.h"
 #include "attention/common/cuda/pdl.cuh"
 #include "model/fused/cuda/vec.cuh"
 
@@ -158,7 +159,7 @@ cudaError_t run_decode_linear(const DecodeLinearParams& p, cudaStream_t stream) 
   }
   const dim3 grid((p.n + kWarps - 1) / kWarps), block(kThreads);
   const int chunks = (p.k / kVec + 31) / 32;
-  static const bool pdl_on = pdl::env_allows("FLASHCOS_DECODE_PDL");
+  static const bool pdl_on = env_switch_on("FLASHCOS_DECODE_PDL");
   if (chunks <= 1) return pdl::launch<decode_linear_kernel<1>>(pdl_on, grid, block, stream, p);
   if (chunks <= 2) return pdl::launch<decode_linear_kernel<2>>(pdl_on, grid, block, stream, p);
   if (chunks <= 4) return pdl::launch<decode_linear_kernel<4>>(pdl_on, grid, block, stream, p);

@@ -12,7 +12,7 @@
 
 #include "attention/cosine/cuda/dq_finish.cuh"
 #include "attention/cosine/cuda/dq_grid.cuh"
-#include "attention/cosine/cuda/env_switch.h"
+#include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/bwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/tuning.h"
 
@@ -88,10 +88,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
                                            : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>);
     // FLASHCOS_HOPPER_BWD_DS_FP32=1: the plain bf16 kernel with dS = P (dP - D_i) in fp32, rounded
     // once, as before the paired product (kPairDs in bwd_hopper_ws.cuh; a comparison variant).
-    static const bool ds_fp32 = [] {
-      const char* e = std::getenv("FLASHCOS_HOPPER_BWD_DS_FP32");
-      return e != nullptr && e[0] != '0';
-    }();
+    static const bool ds_fp32 = env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
     if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {
       if (ds_fp32 && !det && !fixed && p.bias == nullptr) {
         kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;

@@ -12,7 +12,7 @@
 #include <string>
 #include <type_traits>
 
-#include "attention/cosine/cuda/env_switch.h"
+#include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/hopper/fwd_rows.h"
 

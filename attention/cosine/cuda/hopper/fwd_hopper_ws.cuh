@@ -46,7 +46,7 @@
 
 #include <cuda.h>
 
-#include "attention/cosine/cuda/env_switch.h"
+#include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/fwd_epilogue.cuh"
