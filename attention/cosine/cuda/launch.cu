@@ -116,14 +116,12 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!supports_head_dim(p.D)) return cudaErrorInvalidValue;
   if (p.B == 0 || p.H == 0 || p.I == 0) return cudaSuccess;
-  if (p.J == 0) {  // no keys, no kernel: dq = 0 (16 bits: from the zeroed dq_accum where dq_out is set)
-    if (is_16bit(p.dtype)) {
-      if (p.dq_out == nullptr) return cudaSuccess;
-      return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] { return launch_dq_finish<T>(p, 0, stream); });
-    }
-    if (p.dq == nullptr) return cudaSuccess;
-    const size_t bytes = size_t(p.B) * p.H * p.I * p.D * (p.dtype == DType::kDouble ? 8 : 4);
-    return cudaMemsetAsync(p.dq, 0, bytes, stream);
+  if (p.J == 0) {  // no keys, no kernel: dq = 0 (all-zero bits in every dtype; 16 bits without dq_out:
+                   // the caller's zeroed dq_accum)
+    void* dq = is_16bit(p.dtype) ? p.dq_out : p.dq;
+    if (dq == nullptr) return cudaSuccess;
+    const size_t elem = is_16bit(p.dtype) ? 2 : p.dtype == DType::kDouble ? 8 : 4;
+    return cudaMemsetAsync(dq, 0, size_t(p.B) * p.H * p.I * p.D * elem, stream);
   }
   switch (pick_family(p, hopper_covers_bwd(p))) {
 #ifdef FLASHCOS_HAS_HOPPER
