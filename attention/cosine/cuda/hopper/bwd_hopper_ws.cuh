@@ -482,9 +482,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int i = 8 * kk + 2 * j;  // word j of k-step kk: elements i, i + 1 (rows i / 4 pairs)
-          rdSf[kk][j] = mul_pairs<T>(pack2<T>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]),
-                                              fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1])),
-                                     rPf[kk][j]);
+          rdSf[kk][j] = mul_bf16x2(pack2<T>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]),
+                                            fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1])),
+                                   rPf[kk][j]);
         }
     } else {
 #pragma unroll

@@ -15,7 +15,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "attention/common/cuda/mma.cuh"
 
@@ -174,16 +173,11 @@ __device__ __forceinline__ void load_tile_sw128(unsigned char* s_tile, const T* 
   }
 }
 
-// The elementwise product of two packed 16-bit pairs, rounded once to T (sm_90's bf16x2 / f16x2
-// multiply: one instruction for two elements).
-template <typename T>
-__device__ __forceinline__ uint32_t mul_pairs(uint32_t a, uint32_t b) {
+// The elementwise product of two packed bf16 pairs, rounded once to bf16 (sm_90's bf16x2 multiply:
+// one instruction for two elements).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  } else {
-    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  }
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 
