@@ -15,6 +15,7 @@
 #include "app/attention_choice.h"
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/run_data.h"
 #include "common/log.h"
 #include "data/corpus.h"
 #include "model/autocast.h"
@@ -51,19 +52,25 @@ int run_eval(int argc, char** argv) {
     model::CheckpointMeta meta;
     auto gpt = model::load_model(path, device, &meta, impl);
     const auto train_cfg = nlohmann::json::parse(meta.state.train_config_json);
-    std::string data_path = r.count("data") ? r["data"].as<std::string>() : train_cfg.value("data", "data/enwik8");
-    const std::string split = r.count("split") ? r["split"].as<std::string>() : train_cfg.value("split", "90M,5M,5M");
+    const RunData run_data = run_data_or(&train_cfg, r.count("data") ? r["data"].as<std::string>() : "",
+                                         r.count("split") ? r["split"].as<std::string>() : "");
     const int64_t seq_len = r.count("seq-len") ? r["seq-len"].as<int64_t>() : train_cfg.value("seq_len", meta.model.max_seq_len);
     if (seq_len < 1 || seq_len > meta.model.max_seq_len) {
       throw std::invalid_argument("--seq-len must be in [1, " + std::to_string(meta.model.max_seq_len) + "] for this model");
     }
     const int64_t batch = r["batch"].as<int64_t>();
     if (batch < 1) throw std::invalid_argument("--batch must be >= 1");
+    const int64_t max_windows = r["max-windows"].as<int64_t>();
+    if (max_windows < 0) throw std::invalid_argument("--max-windows must be >= 0 (0: all), got " + std::to_string(max_windows));
     const std::string which = r["which"].as<std::string>();
     if (which != "test" && which != "val") throw std::invalid_argument("--which must be test or val");
-    data_path = data::resolve_corpus_path(data_path);
-    auto corpus = data::load_corpus(data_path, data::parse_split(split), seq_len + 1);
-    auto windows = data::fixed_windows(which == "test" ? corpus.test : corpus.val, seq_len, r["max-windows"].as<int64_t>());
+    const std::string data_path = data::resolve_corpus_path(run_data.path);
+    check_run_data_found(run_data, data_path);
+    // Only the split evaluated must hold a window; the others may be empty (e.g. --split 0,0,1).
+    const auto need = data::SplitNeed::only(which, "one window needs (--seq-len + 1)",
+                                            "use a larger " + which + " split in --split or a smaller --seq-len");
+    auto corpus = data::load_corpus(data_path, data::parse_split(run_data.split), seq_len + 1, need);
+    auto windows = data::fixed_windows(which == "test" ? corpus.test : corpus.val, seq_len, max_windows);
     std::string precision = r["precision"].as<std::string>();
     if (precision == "auto") precision = device.is_cuda() ? "bf16" : "fp32";
     if (precision != "bf16" && precision != "fp32") throw std::invalid_argument("--precision must be auto, bf16 or fp32");
@@ -81,6 +88,10 @@ int run_eval(int argc, char** argv) {
       {
         model::AutocastScope scope(autocast, device.type(), at::kBFloat16);
         loss = gpt->loss(w).item<double>();
+      }
+      if (!std::isfinite(loss)) {
+        throw std::runtime_error("eval: the loss of windows " + std::to_string(i) + ".. is not finite (" +
+                                 std::to_string(loss) + "): a diverged checkpoint?");
       }
       const int64_t n = w.size(0) * seq_len;
       total_nats += loss * n;

@@ -21,9 +21,11 @@
 #include "app/attention_choice.h"
 #include "app/cli.h"
 #include "app/process_clock.h"
+#include "app/run_data.h"
 #include "app/commands.h"
 #include "common/log.h"
 #include "data/corpus.h"
+#include "data/utf8_stream.h"
 #include "model/autocast.h"
 #include "model/checkpoint.h"
 #include "model/device.h"
@@ -34,14 +36,24 @@ namespace {
 constexpr double kBytesPerSampledByte = 24;
 }  // namespace
 
-// The model configuration in the checkpoint's run folder (config.json beside it, as the trainer
-// writes it), if there is a readable one.
-std::optional<model::ModelConfig> run_folder_model_config(const std::string& checkpoint_path) {
+// The checkpoint's run folder's config.json (beside it, as the trainer writes it), if there is a
+// readable one.
+std::optional<nlohmann::json> run_folder_config(const std::string& checkpoint_path) {
   try {
     std::ifstream in(std::filesystem::path(checkpoint_path).parent_path() / "config.json");
     if (!in) return std::nullopt;
-    const auto j = nlohmann::json::parse(in);
-    return model::ModelConfig::from_json(j.at("model").dump());
+    return nlohmann::json::parse(in);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+// Its model configuration.
+std::optional<model::ModelConfig> run_folder_model_config(const std::string& checkpoint_path) {
+  try {
+    const auto j = run_folder_config(checkpoint_path);
+    if (!j) return std::nullopt;
+    return model::ModelConfig::from_json(j->at("model").dump());
   } catch (...) {
     return std::nullopt;
   }
@@ -71,8 +83,9 @@ int run_sample(int argc, char** argv) {
       ("checkpoint", "checkpoint file or run folder", cxxopts::value<std::string>())
       ("prime", "text to start from (default: a random slice of the validation split of --data)", cxxopts::value<std::string>())
       ("prime-length", "bytes of the random validation slice", cxxopts::value<int64_t>()->default_value("128"))
-      ("data", "corpus for the random prime", cxxopts::value<std::string>()->default_value("data/enwik8"))
-      ("split", "train,val,test split of --data", cxxopts::value<std::string>()->default_value("90M,5M,5M"))
+      ("data", "corpus for the random prime (default: the run's, from config.json beside the checkpoint, else data/enwik8)",
+       cxxopts::value<std::string>())
+      ("split", "train,val,test split of --data (default: the run's, else 90M,5M,5M)", cxxopts::value<std::string>())
       ("length", "bytes to generate; with rope (or no) positions it may exceed the training seq-len: the KV cache slides, keeping the last max_seq_len positions", cxxopts::value<int64_t>()->default_value("512"))
       ("no-kv-cache", "re-run the whole window per byte instead of decoding against the KV cache")
       ("temperature", "sampling temperature", cxxopts::value<double>()->default_value("1.0"))
@@ -103,6 +116,13 @@ int run_sample(int argc, char** argv) {
                                        free_bytes / 1073741824.0));
     }
     if (r["prime-length"].as<int64_t>() < 1) throw std::invalid_argument("--prime-length must be >= 1");
+    model::SampleOptions sample_opts;
+    sample_opts.length = length;
+    sample_opts.temperature = r["temperature"].as<double>();
+    sample_opts.filter_thres = r["filter-thres"].as<double>();
+    sample_opts.seed = r["seed"].as<uint64_t>();
+    sample_opts.use_cache = r.count("no-kv-cache") == 0;
+    model::check_sample_options(sample_opts);  // before the checkpoint is read and the prime printed
     std::string precision = r["precision"].as<std::string>();
     if (precision != "auto" && precision != "bf16" && precision != "fp32") {
       throw std::invalid_argument("--precision must be auto, bf16 or fp32, got '" + precision + "'");
@@ -128,11 +148,19 @@ int run_sample(int argc, char** argv) {
       if (text.empty()) throw std::invalid_argument("--prime must not be empty");
       prime = data::encode_text(text);
     } else {
-      const std::string data_path = data::resolve_corpus_path(r["data"].as<std::string>());
-      const auto split = data::parse_split(r["split"].as<std::string>());
+      // The corpus and split the run trained on (its config.json), unless given here.
+      const auto config = run_folder_config(path);
+      const nlohmann::json* train = config && config->contains("train") ? &config->at("train") : nullptr;
+      const RunData run_data = run_data_or(train, r.count("data") ? r["data"].as<std::string>() : "",
+                                           r.count("split") ? r["split"].as<std::string>() : "");
+      const std::string data_path = data::resolve_corpus_path(run_data.path);
+      check_run_data_found(run_data, data_path);
+      const auto split = data::parse_split(run_data.split);
       const int64_t n = r["prime-length"].as<int64_t>();
       const uint64_t seed = r["seed"].as<uint64_t>();
-      prime_reader.emplace([&prime, &prime_error, &prime_read_s, data_path, split, n, seed] {
+      const auto need = data::SplitNeed::only("val", "the prime needs (--prime-length + 1)",
+                                              "use a smaller --prime-length or a larger val split in --split");
+      prime_reader.emplace([&prime, &prime_error, &prime_read_s, data_path, split, n, seed, need] {
         const auto t = std::chrono::steady_clock::now();
         try {
           // A fresh generator per call: the offset is a function of the val size alone
@@ -140,7 +168,7 @@ int run_sample(int argc, char** argv) {
           prime = data::load_val_slice(data_path, split, n, [&](int64_t val) {
                     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
                     return at::randint(val - n, {1}, gen).item<int64_t>();
-                  }).to(at::kLong).unsqueeze(0);
+                  }, need).to(at::kLong).unsqueeze(0);
         } catch (...) {
           prime_error = std::current_exception();
         }
@@ -159,14 +187,8 @@ int run_sample(int argc, char** argv) {
     double warm_context = 0, warm_kernels = 0;
     std::promise<c10::Device> device_promise;
     std::future<c10::Device> device_known = device_promise.get_future();
-    // The sample's options; the warm-up below samples 3 bytes with a copy of them, so that it takes
-    // the real prime's path (cache or not, decode or prefill).
-    model::SampleOptions sample_opts;
-    sample_opts.length = length;
-    sample_opts.temperature = r["temperature"].as<double>();
-    sample_opts.filter_thres = r["filter-thres"].as<double>();
-    sample_opts.seed = r["seed"].as<uint64_t>();
-    sample_opts.use_cache = r.count("no-kv-cache") == 0;
+    // The warm-up below samples 3 bytes with a copy of the sample's options, so that it takes the
+    // real prime's path (cache or not, decode or prefill).
     Background warm([&, device_name] {
       auto w_last = std::chrono::steady_clock::now();
       auto lap = [&w_last] {
@@ -247,6 +269,7 @@ int run_sample(int argc, char** argv) {
     std::printf("%s", data::decode_bytes(prime).c_str());
     std::fflush(stdout);
     const bool stream = r.count("stream") > 0;
+    data::Utf8Stream utf8;  // --stream: a character prints once its last byte is sampled
     if (precision == "auto") precision = device.is_cuda() ? "bf16" : "fp32";
     const auto t0 = std::chrono::steady_clock::now();
     model::GenerateInfo info;
@@ -255,11 +278,15 @@ int run_sample(int argc, char** argv) {
       model::AutocastScope autocast(precision == "bf16", device.type(), at::kBFloat16);
       out = model::generate(gpt, prime.to(device), so, [&](int64_t token) {
         if (stream) {
-          std::printf("%s", data::decode_bytes(at::full({1}, token, at::kLong)).c_str());
-          std::fflush(stdout);
+          const std::string text = utf8.push(token);
+          if (!text.empty()) {
+            std::printf("%s", text.c_str());
+            std::fflush(stdout);
+          }
         }
       }, &info);
     }
+    if (stream) std::printf("%s", utf8.finish().c_str());
     if (!stream) std::printf("%s", data::decode_bytes(out).c_str());
     std::printf("\n");
     const auto t_end = std::chrono::steady_clock::now();

@@ -307,7 +307,7 @@ void check_inflate(int rc, const char* msg, const std::string& path, size_t comp
 }
 
 SplitSizes resolve_split_sizes(const std::string& path, const SplitSpec& split, int64_t n, bool gzip,
-                               int64_t min_split_bytes) {
+                               int64_t min_split_bytes, const SplitNeed& need) {
   SplitSizes sz = split.sizes;
   if (split.fractions) {
     // Round each part; if rounding overshoots the file, take the overshoot from train.
@@ -328,20 +328,30 @@ SplitSizes resolve_split_sizes(const std::string& path, const SplitSpec& split, 
         kDownloadHint));
   const char* names[3] = {"train", "val", "test"};
   const int64_t sizes[3] = {sz.train, sz.val, sz.test};
+  const bool checked[3] = {need.train, need.val, need.test};
   for (int i = 0; i < 3; ++i)
-    if (sizes[i] < min_split_bytes)
+    if (checked[i] && sizes[i] < min_split_bytes)
       throw std::runtime_error(strf(
           "data file '%s': the %s split (%s of %lld bytes) has %lld bytes, fewer than the %lld "
-          "bytes one sequence needs (seq_len + 1): use a larger --split or a smaller --seq-len",
+          "bytes %s: %s",
           path.c_str(), names[i], split_desc(split).c_str(), (long long)n, (long long)sizes[i],
-          (long long)min_split_bytes));
+          (long long)min_split_bytes, need.what.c_str(), need.fix.c_str()));
 
   return sz;
 }
 
 }  // namespace detail
 
-Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes) {
+SplitNeed SplitNeed::only(const std::string& name, std::string what, std::string fix) {
+  if (name != "train" && name != "val" && name != "test")
+    throw std::invalid_argument("SplitNeed::only: expected train, val or test, got '" + name + "'");
+  SplitNeed need;
+  need.train = name == "train", need.val = name == "val", need.test = name == "test";
+  need.what = std::move(what), need.fix = std::move(fix);
+  return need;
+}
+
+Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes, const SplitNeed& need) {
   Buffer raw;
   read_file(path, &raw);
   Corpus c;
@@ -358,7 +368,7 @@ Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_
   const int64_t n = static_cast<int64_t>(bytes.size);
   c.file_bytes = n;
 
-  const SplitSizes sz = detail::resolve_split_sizes(path, split, n, c.gzip, min_split_bytes);
+  const SplitSizes sz = detail::resolve_split_sizes(path, split, n, c.gzip, min_split_bytes, need);
 
   // Bytes past the splits are kept (one allocation, no copy); the views just do not reach them.
   uint8_t* p = bytes.release();

@@ -48,16 +48,33 @@ struct Corpus {
 // `path` when it exists, else `path`.gz when that exists, else `path` (load_corpus then reports it).
 std::string resolve_corpus_path(const std::string& path);
 
-Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes);
+// Which splits must hold at least min_split_bytes, and the words of the error when one does not:
+// "the <name> split ... has N bytes, fewer than the M bytes <what>: <fix>". The default is the
+// trainer's: every split, one sequence of seq_len + 1 bytes. A reader of one split (eval, the
+// sample's prime) checks only that one, so that the others may be empty.
+struct SplitNeed {
+  bool train = true, val = true, test = true;
+  std::string what = "one sequence needs (seq_len + 1)";
+  std::string fix = "use a larger --split or a smaller --seq-len";
+  static SplitNeed only(const std::string& name, std::string what, std::string fix);  // "train" | "val" | "test"
+  static SplitNeed val_slice() {  // load_val_slice's default
+    return only("val", "the slice needs (n + 1)", "use a larger val split or a shorter slice");
+  }
+};
+
+Corpus load_corpus(const std::string& path, const SplitSpec& split, int64_t min_split_bytes,
+                   const SplitNeed& need = {});
 
 // n bytes of the val split (uint8, CPU) from offset pick_offset(val bytes) in [0, val - n]: a raw
 // file is read with one seek (the rest is never read), a gzip file is inflated as a stream that
 // keeps only those n bytes (data/val_slice.cpp; the corpus is never held in memory). The same
-// checks and errors as load_corpus(path, split, n + 1). pick_offset must be a function of its
+// checks and errors as load_corpus(path, split, n + 1, need), where need checks the val split only
+// (the default's words: "the slice needs (n + 1)"). pick_offset must be a function of its
 // argument alone: with a fraction --split and a gzip file whose ISIZE trailer is not its size
 // (several members, 4 GiB or more) it is called a second time, with the true val size.
 at::Tensor load_val_slice(const std::string& path, const SplitSpec& split, int64_t n,
-                          const std::function<int64_t(int64_t)>& pick_offset);
+                          const std::function<int64_t(int64_t)>& pick_offset,
+                          const SplitNeed& need = SplitNeed::val_slice());
 
 // Random crops of seq_len + 1 bytes from one split, from a seeded generator whose state can be
 // saved and restored exactly (checkpoints / --resume).

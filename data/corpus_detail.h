@@ -16,9 +16,9 @@ inline constexpr const char* kDownloadHint =
     "or pass --data <file>";
 
 // The split's byte counts for a file of n (decompressed) bytes, checked: errors name the file and
-// what it lacks (too small for the split, a split smaller than min_split_bytes).
+// what it lacks (too small for the split, a split that need checks smaller than min_split_bytes).
 SplitSizes resolve_split_sizes(const std::string& path, const SplitSpec& split, int64_t n, bool gzip,
-                               int64_t min_split_bytes);
+                               int64_t min_split_bytes, const SplitNeed& need);
 
 struct FileCloser {
   void operator()(FILE* f) const { std::fclose(f); }

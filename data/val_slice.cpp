@@ -45,19 +45,19 @@ int64_t checked_offset(const std::function<int64_t(int64_t)>& pick_offset, int64
 }
 
 at::Tensor gzip_slice(const std::string& path, const SplitSpec& split, int64_t n,
-                      const std::function<int64_t(int64_t)>& pick_offset) {
+                      const std::function<int64_t(int64_t)>& pick_offset, const SplitNeed& need) {
   at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kByte));
   uint8_t* dst = out.data_ptr<uint8_t>();
   // The sizes the trailer implies, if they pass the checks; the offset is picked from them.
   std::optional<SplitSizes> guess;
   try {
     const int64_t isize = gzip_isize(path);
-    if (isize >= 0) guess = detail::resolve_split_sizes(path, split, isize, true, n + 1);
+    if (isize >= 0) guess = detail::resolve_split_sizes(path, split, isize, true, n + 1, need);
   } catch (const std::exception&) {  // the real size decides below
   }
   const int64_t from = guess ? guess->train + checked_offset(pick_offset, guess->val, n) : -1;
   const int64_t total = scan_gzip(path, from, n, dst);
-  const SplitSizes sz = detail::resolve_split_sizes(path, split, total, true, n + 1);  // load_corpus's errors
+  const SplitSizes sz = detail::resolve_split_sizes(path, split, total, true, n + 1, need);  // load_corpus's errors
   if (guess && guess->train == sz.train && guess->val == sz.val) return out;
   // The trailer was wrong (several members, 4 GiB or more): the offset again, from the true sizes.
   // pick_offset sees the val size it would have seen from load_corpus.
@@ -69,16 +69,16 @@ at::Tensor gzip_slice(const std::string& path, const SplitSpec& split, int64_t n
 }  // namespace
 
 at::Tensor load_val_slice(const std::string& path, const SplitSpec& split, int64_t n,
-                          const std::function<int64_t(int64_t)>& pick_offset) {
+                          const std::function<int64_t(int64_t)>& pick_offset, const SplitNeed& need) {
   int64_t file_bytes = -1;
   const Kind kind = kind_of(path, &file_bytes);
-  if (kind == Kind::kGzip) return gzip_slice(path, split, n, pick_offset);
+  if (kind == Kind::kGzip) return gzip_slice(path, split, n, pick_offset, need);
   if (kind == Kind::kOther) {  // a pipe or an error: load_corpus reads it (and reports the error)
-    const Corpus c = load_corpus(path, split, n + 1);
+    const Corpus c = load_corpus(path, split, n + 1, need);
     const int64_t off = checked_offset(pick_offset, c.val.numel(), n);
     return c.val.slice(0, off, off + n).clone();
   }
-  const SplitSizes sz = detail::resolve_split_sizes(path, split, file_bytes, false, n + 1);
+  const SplitSizes sz = detail::resolve_split_sizes(path, split, file_bytes, false, n + 1, need);
   const int64_t off = checked_offset(pick_offset, sz.val, n);
   at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kByte));
   std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));

@@ -25,6 +25,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The first line of a library's message, cut at a sentence's end (or a word's, with "...") so that
+// it stays under max_chars.
+std::string first_sentence(const std::string& what, size_t max_chars) {
+  std::string line = what.substr(0, what.find('\n'));
+  if (line.size() <= max_chars) return line;
+  const size_t stop = line.rfind(". ", max_chars);
+  if (stop != std::string::npos && stop > 0) return line.substr(0, stop + 1);
+  const size_t space = line.rfind(' ', max_chars);
+  return line.substr(0, space == std::string::npos || space == 0 ? max_chars : space) + " ...";
+}
+
 std::string meta_json(const ModelConfig& config, const TrainState& s) {
   nlohmann::json j;
   j["format"] = kCheckpointFormat;
@@ -44,7 +55,7 @@ torch::serialize::InputArchive open_archive(const std::string& path, const torch
     archive.load_from(path, device);
   } catch (const std::exception& e) {
     throw std::runtime_error("checkpoint '" + path + "' is corrupt or not a flashcos checkpoint (" +
-                             std::string(e.what()).substr(0, 200) + ")");
+                             first_sentence(e.what(), 240) + ")");
   }
   return archive;
 }

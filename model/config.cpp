@@ -31,13 +31,15 @@ void ModelConfig::validate() const {
           "--pos rope rotates pairs of features: --dim-head / --l2norm-groups (" +
               std::to_string(dim_head / l2norm_groups) + ") must be even");
   require(!(attention == "exp" && attention_impl == "sdpa"),
-          "--attention exp is unnormalised: libtorch's sdpa cannot compute it; use --attention-impl plain or tiled, or --use-cuda-kernel");
+          "--attention exp is unnormalised: libtorch's sdpa cannot compute it; use --attention-impl plain, tiled "
+          "or fused (the fused kernel: --use-cuda-kernel when training)");
   require(attention_impl == "plain" || attention_impl == "sdpa" || attention_impl == "tiled" ||
               attention_impl == "fused",
-          "--attention-impl must be plain, sdpa or tiled (or fused via --use-cuda-kernel), got '" +
+          "--attention-impl must be plain, sdpa, tiled or fused (the fused kernel: --use-cuda-kernel when training), got '" +
               attention_impl + "'");
   require(!(attention_impl == "fused" && attention == "softmax"),
-          "--use-cuda-kernel runs cosine (or fastmax) attention; --attention softmax has no fused kernel here");
+          "the fused kernel (--use-cuda-kernel, --attention-impl fused) runs cosine, exp or fastmax attention; "
+          "--attention softmax has no fused kernel here");
   require(fastmax_p == 1 || fastmax_p == 2, "--fastmax-p must be 1 or 2, got " + std::to_string(fastmax_p));
 }
 

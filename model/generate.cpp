@@ -31,6 +31,7 @@
 #include <vector>
 #include <stdexcept>
 
+#include "common/log.h"
 #include "model/decode_graph.h"
 #include "model/decode_step.h"
 
@@ -109,15 +110,19 @@ bool prime_through_decode(const SampleOptions& opts, const ModelConfig& cfg, con
   return device.is_cuda() && std::min(prime_len, cfg.max_seq_len) <= kDecodePrimeMax;
 }
 
+void check_sample_options(const SampleOptions& opts) {
+  if (!(opts.temperature > 0)) throw std::invalid_argument(strf("--temperature must be > 0, got %g", opts.temperature));
+  if (!(opts.filter_thres >= 0 && opts.filter_thres < 1)) {
+    throw std::invalid_argument(strf("--filter-thres must be in [0, 1), got %g", opts.filter_thres));
+  }
+}
+
 at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& opts,
                     const std::function<void(int64_t)>& on_token, GenerateInfo* info) {
   if (prime.dim() != 2 || prime.size(0) != 1 || prime.size(1) < 1) {
     throw std::invalid_argument("generate: prime must be (1, n) with n >= 1 tokens");
   }
-  if (!(opts.temperature > 0)) throw std::invalid_argument("--temperature must be > 0");
-  if (!(opts.filter_thres >= 0 && opts.filter_thres < 1)) {
-    throw std::invalid_argument("--filter-thres must be in [0, 1)");
-  }
+  check_sample_options(opts);
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();

@@ -58,8 +58,12 @@ bool prime_through_decode(const SampleOptions& opts, const ModelConfig& cfg, con
 // prime (1, n) int64 on the model's device -> (1, length) generated tokens (CPU, int64).
 // The context is cropped to the model's max_seq_len (the last max_seq_len bytes are attended; with
 // rope or no positions the KV cache slides, so length may exceed max_seq_len at O(max_seq_len)
-// per byte). on_token (optional) sees each new byte. The decode step runs in the autocast dtype of
+// per byte). check_sample_options' errors come first. on_token (optional) sees each new byte. The decode step runs in the autocast dtype of
 // the model's device type when autocast is on there (as the trainer's samples run), else in float32.
+// std::invalid_argument naming the option unless temperature > 0 and 0 <= filter_thres < 1 (callers
+// check before any work; generate checks again).
+void check_sample_options(const SampleOptions& opts);
+
 at::Tensor generate(GPT& model, const at::Tensor& prime, const SampleOptions& opts,
                     const std::function<void(int64_t)>& on_token = nullptr, GenerateInfo* info = nullptr);
 

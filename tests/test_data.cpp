@@ -303,6 +303,30 @@ TEST_F(DataTest, SplitSmallerThanOneSequenceIsAnError) {
   EXPECT_EQ(c.test.numel(), 10);
 }
 
+// A reader of one split (eval, the sample's prime) checks that split alone, in its own words; the
+// others may be empty.
+TEST_F(DataTest, OneSplitNeedChecksOnlyThatSplit) {
+  auto p = write_raw("one.bin", pattern(10'000));
+  const auto test_only = fd::SplitNeed::only("test", "one window needs (--seq-len + 1)", "pass a larger test split");
+  auto c = fd::load_corpus(p, sizes(0, 0, 10'000), 257, test_only);
+  EXPECT_EQ(c.train.numel(), 0);
+  EXPECT_EQ(c.val.numel(), 0);
+  EXPECT_EQ(c.test.numel(), 10'000);
+  auto m = error_of([&] { fd::load_corpus(p, sizes(9'900, 0, 100), 257, test_only); });
+  EXPECT_HAS(m, "test split");
+  EXPECT_HAS(m, "has 100 bytes");
+  EXPECT_HAS(m, "one window needs (--seq-len + 1): pass a larger test split");
+  // The default still checks every split.
+  EXPECT_HAS(error_of([&] { fd::load_corpus(p, sizes(0, 0, 10'000), 257); }), "train split");
+  // The val slice checks the val split only: an empty test split is fine.
+  const auto slice = fd::load_val_slice(p, sizes(7'000, 3'000, 0), 129, [](int64_t val) { return val - 129; });
+  EXPECT_EQ(slice.numel(), 129);
+  EXPECT_EQ(slice[0].item<int>(), int(pattern(10'000)[9'871]));
+  EXPECT_HAS(error_of([&] { fd::load_val_slice(p, sizes(9'950, 50, 0), 129, [](int64_t) { return 0; }); }),
+             "the slice needs (n + 1): use a larger val split or a shorter slice");
+  EXPECT_THROW(fd::SplitNeed::only("dev", "", ""), std::invalid_argument);
+}
+
 // ---- BatchSampler --------------------------------------------------------------------------------
 
 TEST_F(DataTest, SamplerCropsAreContiguousSlicesOfTheSplit) {

@@ -138,7 +138,7 @@ TEST_F(ValSliceTest, BadGzipFilesGiveLoadCorpusErrors) {
   // A file too small for the split, and a val split too small for the slice.
   const auto small = write_gz("small.gz", pattern(4321));
   for (const auto& split_n : {std::make_pair(sizes(4000, 300, 22), int64_t(3)), std::make_pair(sizes(4000, 100, 22), int64_t(200))}) {
-    const auto want = error_of([&] { fd::load_corpus(small, split_n.first, split_n.second + 1); });
+    const auto want = error_of([&] { fd::load_corpus(small, split_n.first, split_n.second + 1, fd::SplitNeed::val_slice()); });
     EXPECT_EQ(error_of([&] { fd::load_val_slice(small, split_n.first, split_n.second, [](int64_t) { return 0; }); }), want);
   }
   const auto missing = dir_ + "/missing.gz";

@@ -42,6 +42,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -168,6 +169,13 @@ int run(const BenchConfig& cfg) {
             } catch (const c10::OutOfMemoryError& e) {
               input_failure.status = "oom";
               input_failure.reason = "the inputs alone: " + first_line(e.what_without_backtrace());
+            } catch (const std::bad_alloc& e) {
+              input_failure.status = "oom";
+              input_failure.reason = std::string("the inputs alone: ") + e.what();
+            } catch (const c10::Error& e) {  // the CPU allocator's failure is a plain c10::Error
+              const std::string what = first_line(e.what_without_backtrace());
+              input_failure.status = what.find("can't allocate memory") != std::string::npos ? "oom" : "n/a";
+              input_failure.reason = "the inputs: " + what;
             }
             // Round r times the implementations in list order (reversed when r is odd); each
             // keeps its fastest round. A failure or a skip is final.

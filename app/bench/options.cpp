@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <limits>
 
 namespace flashcos::app::bench {
 
@@ -84,7 +85,8 @@ std::vector<std::string> split_list(const std::string& option, const std::string
   return out;
 }
 
-int64_t parse_int(const std::string& option, const std::string& text, int64_t min_value) {
+int64_t parse_int(const std::string& option, const std::string& text, int64_t min_value,
+                  int64_t max_value = std::numeric_limits<int64_t>::max()) {
   int64_t value = 0;
   size_t used = 0;
   try {
@@ -98,6 +100,9 @@ int64_t parse_int(const std::string& option, const std::string& text, int64_t mi
   if (value < min_value) {
     throw UsageError("--" + option + " " + text +
                      ": expected an integer >= " + std::to_string(min_value));
+  }
+  if (value > max_value) {
+    throw UsageError("--" + option + " " + text + ": expected an integer <= " + std::to_string(max_value));
   }
   return value;
 }
@@ -296,9 +301,11 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
     throw UsageError("--baseline '" + cfg.baseline + "': expected an implementation name");
   }
 
-  cfg.warmup = static_cast<int>(parse_int("warmup", r["warmup"].as<std::string>(), 0));
-  cfg.rounds = static_cast<int>(parse_int("rounds", r["rounds"].as<std::string>(), 1));
-  cfg.iters = static_cast<int>(parse_int("iters", r["iters"].as<std::string>(), 1));
+  // Counts of timed work: bounded, so that they fit an int (and the timings' buffers) with room.
+  constexpr int64_t kMaxCount = 1'000'000;
+  cfg.warmup = static_cast<int>(parse_int("warmup", r["warmup"].as<std::string>(), 0, kMaxCount));
+  cfg.rounds = static_cast<int>(parse_int("rounds", r["rounds"].as<std::string>(), 1, kMaxCount));
+  cfg.iters = static_cast<int>(parse_int("iters", r["iters"].as<std::string>(), 1, kMaxCount));
   cfg.budget_s = parse_double("budget", r["budget"].as<std::string>());
   if (cfg.budget_s <= 0) throw UsageError("--budget: expected a positive number of seconds");
   cfg.seed = static_cast<uint64_t>(parse_int("seed", r["seed"].as<std::string>(), 0));

@@ -9,7 +9,9 @@
 #define FLASHCOS_BENCH_DEVICE_PROPS 1
 #endif
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <stdexcept>
@@ -204,7 +206,9 @@ void write_json(const std::string& path, const nlohmann::json& doc) {
     if (!out) throw std::runtime_error("--json " + path + ": writing " + tmp + " failed");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("--json " + path + ": cannot rename " + tmp + " to it");
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());  // leave nothing behind
+    throw std::runtime_error("--json " + path + ": cannot rename " + tmp + " to it (" + why + ")");
   }
 }
 
