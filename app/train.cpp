@@ -1,6 +1,7 @@
 // ./train [train] --data data/enwik8 --seq-len 8192 --use-cuda-kernel ...
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <stdexcept>
 
 #include "app/cli.h"
@@ -48,13 +49,21 @@ model::TrainConfig resolve_resume(const model::TrainConfig& cli, const cxxopts::
     std::string flag = key;
     for (auto& ch : flag)
       if (ch == '_') ch = '-';
+    // --seed-recipe sets these unless they are given themselves: on --resume it overrides them too.
+    const bool from_recipe = r.count("seed-recipe") && (key == "lr" || key == "warmup" || key == "schedule" ||
+                                                        key == "adam_beta2");
     if (key == "resume") {
       merged[key] = value;
     } else if (key == "run" || key == "checkpoint_dir") {
       // Default: continue in the checkpoint's own run folder (the trainer derives it from the path).
-      merged[key] = r.count(flag) ? value : nlohmann::json(key == "run" ? "" : cli.checkpoint_dir);
+      // --checkpoint-dir alone: a folder of the checkpoint's run name there.
+      if (key == "run" && !r.count("run") && r.count("checkpoint-dir")) {
+        merged[key] = std::filesystem::absolute(path).parent_path().filename().string();
+      } else {
+        merged[key] = r.count(flag) ? value : nlohmann::json(key == "run" ? "" : cli.checkpoint_dir);
+      }
       if (r.count(flag)) log::info("resume: --" + flag + " " + value.dump() + " (a new run folder, not the checkpoint's)");
-    } else if (r.count(flag)) {
+    } else if (r.count(flag) || from_recipe) {
       merged[key] = value;
       if (!saved.contains(key) || saved[key] != value) {
         log::info("resume: --" + flag + " " + value.dump() + " overrides the checkpoint's " +
@@ -176,6 +185,9 @@ int run_train(int argc, char** argv) {
     c.seed = r["seed"].as<uint64_t>();
     c.device = r["device"].as<std::string>();
     c.dist_backend = r["dist-backend"].as<std::string>();
+    if (c.dist_backend != "nccl" && c.dist_backend != "gloo" && c.dist_backend != "auto") {
+      throw std::invalid_argument("--dist-backend must be nccl, gloo or auto, got '" + c.dist_backend + "'");
+    }
     c.dist_timeout_s = r["dist-timeout"].as<int64_t>();
     if (c.dist_timeout_s < 1) throw std::invalid_argument("--dist-timeout must be >= 1 second, got " + std::to_string(c.dist_timeout_s));
     c.validate_every = r["validate-every"].as<int64_t>();
@@ -189,7 +201,10 @@ int run_train(int argc, char** argv) {
     c.cuda_graph = r["cuda-graph"].as<std::string>();
     if (c.profile_steps < 0) throw std::invalid_argument("--profile-steps must be >= 0, got " + std::to_string(c.profile_steps));
     if (r.count("run")) c.run = r["run"].as<std::string>();
-    if (r.count("resume")) c.resume = r["resume"].as<std::string>();
+    if (r.count("resume")) {
+      c.resume = r["resume"].as<std::string>();
+      if (c.resume.empty()) throw std::invalid_argument("--resume needs a checkpoint file or run folder, got an empty string");
+    }
     c.overwrite = r.count("overwrite") > 0;
 
     auto& m = c.model;

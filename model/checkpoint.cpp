@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -62,6 +63,45 @@ torch::serialize::InputArchive open_archive(const std::string& path, const torch
 
 }  // namespace
 
+namespace {
+
+// A parameter that is not finite after a load: the file is damaged (a saved checkpoint never holds
+// one, save_checkpoint refuses those).
+void check_loaded_weights_finite(GPT& model, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : model->named_parameters()) {
+    if (!torch::isfinite(p.value()).all().item<bool>()) {
+      throw std::runtime_error("checkpoint '" + path + "': parameter '" + p.key() +
+                               "' holds values that are not finite, which no saved checkpoint has: the file is "
+                               "damaged; use an earlier checkpoint");
+    }
+  }
+}
+
+// The .tmp that save_checkpoint is writing, for remove_checkpoint_tmp_in_progress (a signal handler:
+// a fixed buffer and an atomic flag, no allocation).
+char g_tmp_path[4096];
+std::atomic<bool> g_tmp_active{false};
+
+}  // namespace
+
+void remove_checkpoint_tmp_in_progress() noexcept {
+  if (g_tmp_active.load()) ::unlink(g_tmp_path);
+}
+
+namespace {
+
+struct TmpInProgress {
+  explicit TmpInProgress(const std::string& tmp) {
+    if (tmp.size() >= sizeof(g_tmp_path)) return;
+    std::memcpy(g_tmp_path, tmp.c_str(), tmp.size() + 1);
+    g_tmp_active.store(true);
+  }
+  ~TmpInProgress() { g_tmp_active.store(false); }
+};
+
+}  // namespace
+
 std::string resolve_checkpoint_path(const std::string& p) {
   if (fs::is_directory(p)) return (fs::path(p) / "latest.pt").string();
   return p;
@@ -93,6 +133,7 @@ void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
   // Our own writer: libtorch's file writer throws on a full disk from a place that can end in
   // std::terminate. This one records the first error (errno) and swallows the rest of the bytes,
   // so the archive finishes cleanly and we report, remove the .tmp and keep the old checkpoint.
+  const TmpInProgress in_progress(tmp);  // a second Ctrl-C while it is written removes it
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("could not create '" + tmp + "': " + std::strerror(errno));
   int write_errno = 0;
@@ -237,6 +278,7 @@ void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimize
                      const torch::Device& device) {
   auto archive = open_archive(path, device);
   load_from_archive(archive, path, model, optimizer);
+  check_loaded_weights_finite(model, path);
 }
 
 GPT load_model(const std::string& path, const torch::Device& device, CheckpointMeta* meta_out,
@@ -252,6 +294,7 @@ GPT load_model(const std::string& path, const torch::Device& device, CheckpointM
     model.emplace(meta.model, /*initialise=*/false);  // every weight comes from the file
     load_from_archive(archive, path, *model, nullptr);
   }
+  check_loaded_weights_finite(*model, path);
   (*model)->to(device);
   (*model)->eval();
   if (meta_out) *meta_out = meta;

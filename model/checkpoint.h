@@ -34,11 +34,16 @@ struct CheckpointMeta {
 void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
                      const ModelConfig& config, const TrainState& state);
 
+// Removes the .tmp file that save_checkpoint is writing, if it is writing one; async-signal-safe (the
+// trainer's handler of a second Ctrl-C calls it before it exits at once).
+void remove_checkpoint_tmp_in_progress() noexcept;
+
 // Reads only the metadata. Errors name the file and what is wrong (missing, corrupt, not a
 // flashcos checkpoint, newer format).
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 
 // Loads weights (and optimiser state, when given) into a model built from read_checkpoint_meta.
+// Weights that are not finite are an error (a damaged file), here and in load_model.
 void load_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
                      const torch::Device& device);
 

@@ -25,6 +25,7 @@ void ModelConfig::validate() const {
           "l2norm groups (" + std::to_string(l2norm_groups) + ") must divide --dim-head " + std::to_string(dim_head));
   require(attention == "cosine" || attention == "exp" || attention == "softmax" || attention == "fastmax",
           "--attention must be cosine, exp, softmax or fastmax, got '" + attention + "'");
+  require(attn_scale > 0 && attn_scale <= 1e4, "--attn-scale must be in (0, 10000], got " + std::to_string(attn_scale));
   require(pos == "rope" || pos == "learned" || pos == "none", "--pos must be rope, learned or none, got '" + pos + "'");
   require(rope_base > 1 && std::isfinite(rope_base), "--rope-base must be a finite number > 1, got " + std::to_string(rope_base));
   require(pos != "rope" || (dim_head / l2norm_groups) % 2 == 0,

@@ -65,6 +65,13 @@ void start_step_profile() {
   prof::enableProfiler(config, {impl::ActivityType::CPU, impl::ActivityType::CUDA});
 }
 
+void abandon_step_profile() noexcept {
+  try {
+    if (impl::profilerEnabled()) (void)prof::disableProfiler();
+  } catch (...) {
+  }
+}
+
 std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top) {
   auto result = prof::disableProfiler();
   if (!trace_path.empty()) result->save(trace_path);

@@ -21,6 +21,10 @@ void start_step_profile();
 // much of it is exposed: time when a communication kernel runs and no other kernel does.
 std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top = 30);
 
+// Stops a recording that did not reach its end (the run stopped early): no trace, no report, no
+// exceptions.
+void abandon_step_profile() noexcept;
+
 // [start, end) intervals: the total length of `a`'s union not covered by `b`'s union (ns).
 using Interval = std::pair<uint64_t, uint64_t>;
 uint64_t uncovered_ns(std::vector<Interval> a, std::vector<Interval> b);

@@ -41,6 +41,8 @@ void validate_train_config(const TrainConfig& c) {
   require(c.val_windows >= 1, "--val-windows must be >= 1, got " + std::to_string(c.val_windows));
   require(c.generate_length >= 1, "--generate-length must be >= 1, got " + std::to_string(c.generate_length));
   require(c.profile_steps >= 0, "--profile-steps must be >= 0, got " + std::to_string(c.profile_steps));
+  require(c.profile_steps <= c.steps, "--profile-steps must be <= --steps (" + std::to_string(c.steps) + "), got " +
+                                          std::to_string(c.profile_steps));
   require(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off",
           "--cuda-graph must be auto, on or off, got '" + c.cuda_graph + "'");
   require(c.run.find('/') == std::string::npos && c.run != "." && c.run != "..",

@@ -53,7 +53,10 @@ std::atomic<int> g_stop_signal{0};  // the first SIGINT / SIGTERM / SIGHUP recei
 extern "C" void on_stop_signal(int sig) {
   int none = 0;
   g_stop_signal.compare_exchange_strong(none, sig);
-  if (g_interrupts.fetch_add(1) >= 1) std::_Exit(128 + sig);  // a second signal: leave at once
+  if (g_interrupts.fetch_add(1) >= 1) {  // a second signal: leave at once, without a half-written .tmp
+    remove_checkpoint_tmp_in_progress();
+    std::_Exit(128 + sig);
+  }
 }
 
 // A loss above kExplodingLoss for kExplodingSteps steps in a row (finite, so the NaN check does
@@ -103,16 +106,24 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
 
 class MetricsLog {
  public:
-  explicit MetricsLog(const std::string& path) : out_(path, std::ios::app) {
+  explicit MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
     if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
   }
+  // A failed write (a full disk) is reported once; training goes on (the checkpoints have their own
+  // checks and retries).
   void write(const nlohmann::json& record) {
     out_ << record.dump() << '\n';
     out_.flush();
+    if (!out_ && !warned_) {
+      warned_ = true;
+      log::error("could not write to the metrics file '" + path_ + "' (disk full?); its records from here on are lost");
+    }
   }
 
  private:
+  std::string path_;
   std::ofstream out_;
+  bool warned_ = false;
 };
 
 // The training run itself; dp is null for a single process (no distributed code on the path).
@@ -134,6 +145,11 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   if (!cfg.resume.empty()) {
     resume_path = resolve_checkpoint_path(cfg.resume);
     meta = read_checkpoint_meta(resume_path);
+    if (cfg.steps <= meta.state.step) {
+      throw std::invalid_argument(strf("--steps %lld: the checkpoint is at step %lld already; pass a larger --steps to "
+                                       "train on", static_cast<long long>(cfg.steps),
+                                       static_cast<long long>(meta.state.step)));
+    }
     // The run-time fields a resume may change (app/train.cpp resolve_resume): the implementation
     // and the deterministic backward.
     const std::string impl = cfg.model.attention_impl;
@@ -141,8 +157,8 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     cfg.model = meta.model;
     cfg.model.attention_impl = impl;
     cfg.model.deterministic = deterministic;
-    if (cfg.run.empty()) {  // continue in the checkpoint's own run folder
-      const fs::path folder = fs::path(resume_path).parent_path();
+    if (cfg.run.empty()) {  // continue in the checkpoint's own run folder (also for a bare file name)
+      const fs::path folder = fs::absolute(resume_path).parent_path();
       cfg.run = folder.filename().string();
       cfg.checkpoint_dir = folder.parent_path().empty() ? "." : folder.parent_path().string();
     }
@@ -159,10 +175,16 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   fs::path run_dir = fs::path(cfg.checkpoint_dir) / cfg.run;
   std::error_code same_ec;
   const bool resuming_here = !resume_path.empty() && fs::exists(run_dir) &&
-                             fs::equivalent(fs::path(resume_path).parent_path(), run_dir, same_ec);
+                             fs::equivalent(fs::absolute(resume_path).parent_path(), run_dir, same_ec);
   if (!default_name && fs::exists(run_dir) && !resuming_here && !cfg.overwrite) {
-    throw std::invalid_argument("run folder '" + run_dir.string() + "' already exists: continue it with --resume " +
-                                run_dir.string() + ", replace its files with --overwrite, or pick another --run");
+    std::error_code ec;
+    if (fs::exists(run_dir / "latest.pt", ec)) {
+      throw std::invalid_argument("run folder '" + run_dir.string() + "' already exists: continue it with --resume " +
+                                  run_dir.string() + ", replace its files with --overwrite, or pick another --run");
+    }
+    throw std::invalid_argument("run folder '" + run_dir.string() + "' already exists and holds no checkpoint (a run "
+                                "that stopped before its first save?): replace its files with --overwrite, or pick "
+                                "another --run");
   }
 
   // ---- data ----
@@ -190,12 +212,13 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   state.loss_scale = precision.loss_scaling ? 65536.0 : 1.0;
   if (!resume_path.empty()) {
     load_checkpoint(resume_path, model, optimizer.get(), device);
-    // The optimiser's saved options came back with its state: the run's (resolved) betas win.
+    // The optimiser's saved options came back with its state: the run's (resolved) betas and weight
+    // decay win (a --weight-decay given on --resume, or 0 for Adam, whose decay would be L2).
     for (auto& group : optimizer->param_groups()) {
       if (cfg.weight_decay > 0) {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).betas(betas);
+        static_cast<torch::optim::AdamWOptions&>(group.options()).betas(betas).weight_decay(cfg.weight_decay);
       } else {
-        static_cast<torch::optim::AdamOptions&>(group.options()).betas(betas);
+        static_cast<torch::optim::AdamOptions&>(group.options()).betas(betas).weight_decay(0);
       }
     }
     state = meta.state;
@@ -277,6 +300,11 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
                               {"model", nlohmann::json::parse(cfg.model.to_json())}}
                    .dump(2)
             << '\n';
+    cfg_out.flush();
+    if (!cfg_out) {
+      log::error("could not write '" + (run_dir / "config.json").string() + "' (disk full?); the checkpoints record "
+                 "the same configuration");
+    }
   }
 
   // A failed save (full disk, quota, file-size limit) is logged and retried at the next save;
@@ -386,6 +414,14 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
                    static_cast<long long>(cfg.profile_steps), static_cast<long long>(profile_end)));
   }
   bool profiling = false;
+  // Leaving the loop with the profiler on (Ctrl-C, an error) stops it without a report; left on, it
+  // crashed the process's exit.
+  struct ProfilerOff {
+    const bool& on;
+    ~ProfilerOff() {
+      if (on) abandon_step_profile();
+    }
+  } profiler_off{profiling};
 
   while (state.step < cfg.steps) {
     if (cfg.profile_steps > 0 && main_rank && state.step == profile_begin && profile_end <= cfg.steps) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -198,6 +199,9 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("--device tpu", "--device");
   expect_rejected("--iters 0", "--iters");
   expect_rejected("--rounds 0", "--rounds");
+  expect_rejected("--rounds 2147483648", "--rounds");  // past an int: no longer wraps to 0 rounds
+  expect_rejected("--iters 4294967297", "--iters");
+  expect_rejected("--warmup 4294967296", "--warmup");
   expect_rejected("stray", "stray");
 }
 
@@ -206,6 +210,17 @@ TEST(BenchCli, UnwritableJsonPathFails) {
                                 " --only-forwards --impls plain --json /nonexistent-dir/x.json");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--json"), std::string::npos) << r.output;
+}
+
+TEST(BenchCli, JsonPathThatIsAFolderFailsAndLeavesNoTmp) {
+  const std::string dir = temp_path("bench_json_dir");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const RunResult r = run_train(std::string(kSmall) + " --only-forwards --impls plain --json " + dir);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--json"), std::string::npos) << r.output;
+  EXPECT_NE(::access((dir + ".tmp").c_str(), F_OK), 0) << "the temporary file was left behind";
+  ::unlink((dir + ".tmp").c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -162,6 +162,10 @@ TEST(TrainCli, BadOptionsAreRefusedBeforeAnyRunFolderExists) {
       {"--log-level verbose", "--log-level", 2},
       {"--run a/b", "--run", 2},
       {"--data " + quote(t.dir() + "/missing.txt"), "not found", 1},
+      {"--attn-scale 0", "--attn-scale", 2},
+      {"--dist-backend foo", "--dist-backend", 2},
+      {"--profile-steps 3", "--profile-steps", 2},
+      {"--resume ''", "--resume", 2},
   };
   for (const auto& c : cases) {
     RunResult r = run_train(t.tiny("--steps 2 " + c.args));
