@@ -45,9 +45,12 @@ inline int run_guarded(const std::function<int()>& body) {
     return 2;
   } catch (const std::exception& e) {
     std::string msg = e.what();
-    // c10::Error carries a C++ backtrace after the message: keep the first line.
-    const auto nl = msg.find("\nException raised from");
-    if (nl != std::string::npos) msg = msg.substr(0, nl);
+    // c10::Error carries a C++ backtrace after the message ("Exception raised from ...", or the
+    // frames alone, as an allocator's out-of-memory error has them): drop it.
+    for (const char* marker : {"\nException raised from", "\nframe #0"}) {
+      const auto at = msg.find(marker);
+      if (at != std::string::npos) msg = msg.substr(0, at);
+    }
     std::fprintf(stderr, "error: %s\n", msg.c_str());
     return 1;
   }
