@@ -205,6 +205,13 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("stray", "stray");
 }
 
+// A bench that timed nothing (here: only GPU implementations on the CPU) is not a success.
+TEST(BenchCli, NothingTimedIsAnError) {
+  const RunResult r = run_train(std::string(kSmall) + " --only-forwards --impls sdpa-cudnn");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("nothing was timed"), std::string::npos) << r.output;
+}
+
 TEST(BenchCli, UnwritableJsonPathFails) {
   const RunResult r = run_train(std::string(kSmall) +
                                 " --only-forwards --impls plain --json /nonexistent-dir/x.json");

@@ -83,6 +83,7 @@ int run(const BenchConfig& cfg) {
   std::fflush(stdout);
 
   nlohmann::json doc;
+  int64_t measured = 0;  // measurements that succeeded, over every table
   doc["device"] = device;
   doc["device_type"] = cfg.cuda ? "cuda" : "cpu";
   doc["libtorch"] = TORCH_VERSION;
@@ -205,6 +206,7 @@ int run(const BenchConfig& cfg) {
                   (m.status == "ok" || m.status == "oom"))
                 last[impl.name] = {n, m};
               doc["results"].push_back(record(cfg, impl.name, dtype, dim_head, n, pass, m));
+              measured += m.status == "ok" ? 1 : 0;
             }
             in = Inputs{};
             if (cfg.cuda) at::accelerator::emptyCache();
@@ -227,6 +229,12 @@ int run(const BenchConfig& cfg) {
     return 1;
   }
   if (!cfg.json_path.empty()) std::printf("wrote %s\n", cfg.json_path.c_str());
+  if (measured == 0) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: nothing was timed: every implementation of every row is n/a, oom or skipped here "
+                         "(the notes above say why; on a machine without a GPU, --impls plain,tiled run)\n");
+    return 1;
+  }
   return 0;
 }
 
