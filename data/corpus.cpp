@@ -279,6 +279,8 @@ SplitSpec parse_split(const std::string& spec) {
     out.sizes = SplitSizes{0, 0, 0};
     return out;
   }
+  if (double(bytes[0]) + double(bytes[1]) + double(bytes[2]) > 9e18)
+    throw std::invalid_argument(strf("--split '%s': the sizes add up to more than any file holds", spec.c_str()));
   out.sizes = SplitSizes{bytes[0], bytes[1], bytes[2]};
   if (out.sizes.total() <= 0)
     throw std::invalid_argument(strf("--split '%s': the sizes are all zero", spec.c_str()));

@@ -44,6 +44,11 @@ void ModelConfig::validate() const {
   require(fastmax_p == 1 || fastmax_p == 2, "--fastmax-p must be 1 or 2, got " + std::to_string(fastmax_p));
 }
 
+double ModelConfig::parameters_at_least() const {
+  const double d = static_cast<double>(dim), inner = static_cast<double>(heads) * static_cast<double>(dim_head);
+  return static_cast<double>(depth) * (4.0 * d * inner + 8.0 * d * d) + 2.0 * static_cast<double>(vocab) * d;
+}
+
 std::string ModelConfig::to_json() const {
   nlohmann::json j = {{"vocab", vocab},
                       {"dim", dim},

@@ -34,6 +34,9 @@ struct ModelConfig {
 
   // Throws std::invalid_argument naming the bad field.
   void validate() const;
+  // A lower bound on the model's parameter count: the blocks' q, k, v, out and feed-forward weights
+  // and the token embedding and classifier (no biases, norms or positions).
+  double parameters_at_least() const;
   std::string to_json() const;
   static ModelConfig from_json(const std::string& json);  // throws std::runtime_error
   int64_t num_parameters() const;

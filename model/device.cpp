@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include <unistd.h>
+
 #ifdef FLASHCOS_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -63,6 +65,15 @@ double peak_memory_gib(const c10::Device& device) {
   }
 #endif
   return 0.0;
+}
+
+double total_memory_bytes(const c10::Device& device) {
+#ifdef FLASHCOS_WITH_CUDA
+  if (device.is_cuda()) {
+    return static_cast<double>(at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->totalGlobalMem);
+  }
+#endif
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
 void reset_peak_memory(const c10::Device& device) {

@@ -17,6 +17,8 @@ void synchronize(const c10::Device& device);
 void warm_up(const c10::Device& device);
 // Peak bytes allocated through the CUDA caching allocator since the last reset (0 on CPU).
 double peak_memory_gib(const c10::Device& device);
+// The device's whole memory in bytes (a CUDA device's, or the host's physical memory for the CPU).
+double total_memory_bytes(const c10::Device& device);
 void reset_peak_memory(const c10::Device& device);
 // Streaming multiprocessors of the current CUDA device (what the fused kernels size their grids by);
 // 0 in a build without CUDA.

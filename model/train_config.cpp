@@ -33,6 +33,7 @@ void validate_train_config(const TrainConfig& c) {
           "--validate-every, --save-every, --log-every must be >= 1 (--generate-every 0 disables samples)");
   require(c.seq_len <= c.model.max_seq_len, "--seq-len " + std::to_string(c.seq_len) + " exceeds the model's max_seq_len " +
                                                 std::to_string(c.model.max_seq_len));
+  require(c.seq_len <= (int64_t(1) << 30), "--seq-len must be <= 2^30 (1073741824), got " + std::to_string(c.seq_len));
   require(c.warmup >= 0, "--warmup must be >= 0, got " + std::to_string(c.warmup));
   require(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, strf("--min-lr-ratio must be in [0, 1], got %g", c.min_lr_ratio));
   require(c.weight_decay >= 0 && std::isfinite(c.weight_decay), strf("--weight-decay must be >= 0, got %g", c.weight_decay));

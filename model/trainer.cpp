@@ -164,6 +164,20 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
     }
     validate_train_config(cfg);
   }
+  // A model whose float32 weights, gradients and Adam moments alone (16 bytes a parameter, counted
+  // from a lower bound of its parameters) pass the device's whole memory cannot train: say so now,
+  // instead of allocating until the allocator fails (or the OS stops the process).
+  {
+    const double params = cfg.model.parameters_at_least(), need = 16.0 * params, have = total_memory_bytes(device);
+    if (have > 0 && need > have) {
+      throw std::invalid_argument(strf(
+          "the model (--dim %lld, --depth %lld, --heads %lld x --dim-head %lld) has at least %.3g parameters, whose "
+          "weights, gradients and Adam state alone need %.1f GiB, more than the %.1f GiB of %s: use a smaller model",
+          static_cast<long long>(cfg.model.dim), static_cast<long long>(cfg.model.depth),
+          static_cast<long long>(cfg.model.heads), static_cast<long long>(cfg.model.dim_head), params,
+          need / 1073741824.0, have / 1073741824.0, device_description(device).c_str()));
+    }
+  }
   // --deterministic: libtorch's kernels too (model/determinism.h), before the first cuBLAS call, so
   // that the composite ops and --attention-impl sdpa repeat themselves like the fused step.
   std::optional<DeterministicAlgorithms> deterministic_algorithms;

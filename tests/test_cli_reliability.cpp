@@ -166,6 +166,9 @@ TEST(TrainCli, BadOptionsAreRefusedBeforeAnyRunFolderExists) {
       {"--dist-backend foo", "--dist-backend", 2},
       {"--profile-steps 3", "--profile-steps", 2},
       {"--resume ''", "--resume", 2},
+      {"--seq-len 9223372036854775807", "--seq-len", 2},
+      {"--split 4000000000G,4000000000G,4000000000G", "--split", 2},
+      {"--depth 1000000000", "use a smaller model", 2},
   };
   for (const auto& c : cases) {
     RunResult r = run_train(t.tiny("--steps 2 " + c.args));
@@ -176,12 +179,12 @@ TEST(TrainCli, BadOptionsAreRefusedBeforeAnyRunFolderExists) {
   }
 }
 
-// An allocation that cannot succeed (a 1e18-byte embedding: past the address space, so it fails at
+// An allocation that cannot succeed (a batch of 1e14 windows, 1.4e16 bytes: past the address space, so it fails at
 // once even where memory is overcommitted) is an error of one line, without the
 // C++ backtrace libtorch attaches to it.
 TEST(TrainCli, OutOfMemoryIsOneLineWithoutABacktrace) {
   TempRun t;
-  RunResult r = run_train(t.tiny("--steps 2 --dim 1000000000000000"));
+  RunResult r = run_train(t.tiny("--steps 2 --batch 100000000000000"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "allocate")) << r.output;
   EXPECT_FALSE(contains(r.output, "frame #")) << r.output;
