@@ -186,7 +186,9 @@ TEST(TrainCli, OutOfMemoryIsOneLineWithoutABacktrace) {
   TempRun t;
   RunResult r = run_train(t.tiny("--steps 2 --batch 100000000000000"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "allocate")) << r.output;
+  // The CPU allocator says "can't allocate memory"; with CUDA present the batch is pinned host
+  // memory, whose allocator says "CUDA error: out of memory".
+  EXPECT_TRUE(contains(r.output, "allocate") || contains(r.output, "out of memory")) << r.output;
   EXPECT_FALSE(contains(r.output, "frame #")) << r.output;
   EXPECT_FALSE(contains(r.output, "Exception raised from")) << r.output;
 }
