@@ -18,6 +18,17 @@ namespace {
 const char* kModelFlags[] = {"dim", "depth", "heads", "dim-head", "attention",
                              "attn-scale", "l2norm-groups", "max-seq-len", "fastmax-p", "pos", "rope-base"};
 
+// The options --seed-recipe sets (unless given themselves; run_train has the values). On --resume
+// they count as given, so the recipe overrides the checkpoint's.
+const char* kSeedRecipeFlags[] = {"lr", "warmup", "schedule", "adam-beta2"};
+
+bool set_by_seed_recipe(const cxxopts::ParseResult& r, const std::string& flag) {
+  if (!r.count("seed-recipe")) return false;
+  for (const char* f : kSeedRecipeFlags)
+    if (flag == f) return true;
+  return false;
+}
+
 std::string json_key(const std::string& flag) {
   std::string key = flag;
   for (auto& ch : key)
@@ -49,9 +60,6 @@ model::TrainConfig resolve_resume(const model::TrainConfig& cli, const cxxopts::
     std::string flag = key;
     for (auto& ch : flag)
       if (ch == '_') ch = '-';
-    // --seed-recipe sets these unless they are given themselves: on --resume it overrides them too.
-    const bool from_recipe = r.count("seed-recipe") && (key == "lr" || key == "warmup" || key == "schedule" ||
-                                                        key == "adam_beta2");
     if (key == "resume") {
       merged[key] = value;
     } else if (key == "run" || key == "checkpoint_dir") {
@@ -63,7 +71,7 @@ model::TrainConfig resolve_resume(const model::TrainConfig& cli, const cxxopts::
         merged[key] = r.count(flag) ? value : nlohmann::json(key == "run" ? "" : cli.checkpoint_dir);
       }
       if (r.count(flag)) log::info("resume: --" + flag + " " + value.dump() + " (a new run folder, not the checkpoint's)");
-    } else if (r.count(flag) || from_recipe) {
+    } else if (r.count(flag) || set_by_seed_recipe(r, flag)) {
       merged[key] = value;
       if (!saved.contains(key) || saved[key] != value) {
         log::info("resume: --" + flag + " " + value.dump() + " overrides the checkpoint's " +
@@ -172,7 +180,7 @@ int run_train(int argc, char** argv) {
     c.schedule = r["schedule"].as<std::string>();
     c.min_lr_ratio = r["min-lr-ratio"].as<double>();
     c.adam_beta2 = r["adam-beta2"].as<double>();
-    if (r.count("seed-recipe")) {
+    if (r.count("seed-recipe")) {  // kSeedRecipeFlags
       if (!r.count("lr")) c.lr = 2e-4;
       if (!r.count("warmup")) c.warmup = 0;
       if (!r.count("schedule")) c.schedule = "constant";

@@ -25,6 +25,7 @@
 
 #include "common/log.h"
 #include "data/corpus_detail.h"
+#include "data/utf8_stream.h"
 
 namespace flashcos::data {
 namespace {
@@ -477,41 +478,7 @@ at::Tensor fixed_windows(const at::Tensor& split, int64_t seq_len, int64_t max_w
 
 std::string decode_bytes(const at::Tensor& tokens) {
   at::Tensor t = tokens.to(at::kCPU, at::kLong).contiguous().view({-1});
-  const int64_t* p = t.data_ptr<int64_t>();
-  const int64_t n = t.numel();
-  std::string out;
-  out.reserve(n);
-  auto cont = [&](int64_t i) { return i < n && p[i] >= 0x80 && p[i] <= 0xBF; };
-  for (int64_t i = 0; i < n;) {
-    const int64_t c = p[i];
-    if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7F)) {
-      out += static_cast<char>(c);
-      ++i;
-      continue;
-    }
-    // Well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF) passes through.
-    int len = 0;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4;
-    bool ok = len > 0;
-    for (int k = 1; ok && k < len; ++k) ok = cont(i + k);
-    if (ok && len >= 3) {
-      const int64_t c1 = p[i + 1];
-      if (c == 0xE0 && c1 < 0xA0) ok = false;  // overlong
-      if (c == 0xED && c1 > 0x9F) ok = false;  // surrogate
-      if (c == 0xF0 && c1 < 0x90) ok = false;  // overlong
-      if (c == 0xF4 && c1 > 0x8F) ok = false;  // above U+10FFFF
-    }
-    if (!ok) {
-      out += '?';
-      ++i;
-      continue;
-    }
-    for (int k = 0; k < len; ++k) out += static_cast<char>(p[i + k]);
-    i += len;
-  }
-  return out;
+  return decode_byte_values(t.data_ptr<int64_t>(), t.numel());
 }
 
 at::Tensor encode_text(const std::string& text) {

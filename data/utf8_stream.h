@@ -1,8 +1,7 @@
-// Streaming text output of sampled bytes: what decode_bytes (corpus.h) prints for a whole sample,
-// printed a byte at a time. A UTF-8 sequence whose continuation bytes have not come yet is held back
-// until they do (or until a byte shows it cannot complete), so that `./train sample --stream`
-// prints the same text as the whole sample decoded at once: the concatenation of push() over a
-// sequence of bytes, then finish(), equals decode_bytes of the sequence.
+// Sampled bytes -> printable text: the decoder behind decode_bytes (corpus.h), and the same text a
+// byte at a time for `./train sample --stream`. Utf8Stream holds back a UTF-8 sequence whose
+// continuation bytes have not come yet, until they do (or a byte shows it cannot complete), so that
+// the concatenation of push() over a sequence of bytes, then finish(), equals decode_bytes of it.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +9,11 @@
 #include <vector>
 
 namespace flashcos::data {
+
+// '\n', '\t', printable ASCII and well-formed UTF-8 sequences (no overlongs, surrogates or code
+// points above U+10FFFF) pass through; any other value (control characters, stray UTF-8 bytes,
+// values outside 0..255) becomes '?'.
+std::string decode_byte_values(const int64_t* bytes, int64_t n);
 
 class Utf8Stream {
  public:

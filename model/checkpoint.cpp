@@ -65,16 +65,23 @@ torch::serialize::InputArchive open_archive(const std::string& path, const torch
 
 namespace {
 
+// The name of the first parameter with a value that is not finite, or "" when every one is finite.
+std::string first_non_finite_parameter(GPT& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : model->named_parameters()) {
+    if (!torch::isfinite(p.value()).all().item<bool>()) return p.key();
+  }
+  return "";
+}
+
 // A parameter that is not finite after a load: the file is damaged (a saved checkpoint never holds
 // one, save_checkpoint refuses those).
 void check_loaded_weights_finite(GPT& model, const std::string& path) {
-  torch::NoGradGuard no_grad;
-  for (const auto& p : model->named_parameters()) {
-    if (!torch::isfinite(p.value()).all().item<bool>()) {
-      throw std::runtime_error("checkpoint '" + path + "': parameter '" + p.key() +
-                               "' holds values that are not finite, which no saved checkpoint has: the file is "
-                               "damaged; use an earlier checkpoint");
-    }
+  const std::string bad = first_non_finite_parameter(model);
+  if (!bad.empty()) {
+    throw std::runtime_error("checkpoint '" + path + "': parameter '" + bad +
+                             "' holds values that are not finite, which no saved checkpoint has: the file is "
+                             "damaged; use an earlier checkpoint");
   }
 }
 
@@ -109,14 +116,10 @@ std::string resolve_checkpoint_path(const std::string& p) {
 
 void save_checkpoint(const std::string& path, GPT& model, torch::optim::Optimizer* optimizer,
                      const ModelConfig& config, const TrainState& state) {
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : model->named_parameters()) {
-      if (!torch::isfinite(p.value()).all().item<bool>()) {
-        throw std::runtime_error("refusing to save checkpoint '" + path + "': parameter '" + p.key() +
-                                 "' is not finite (the run diverged; lower --lr or use --precision fp32)");
-      }
-    }
+  const std::string bad = first_non_finite_parameter(model);
+  if (!bad.empty()) {
+    throw std::runtime_error("refusing to save checkpoint '" + path + "': parameter '" + bad +
+                             "' is not finite (the run diverged; lower --lr or use --precision fp32)");
   }
   torch::serialize::OutputArchive root;
   root.write("meta", c10::IValue(meta_json(config, state)));

@@ -51,6 +51,15 @@ namespace flashcos::app {
 namespace bench {
 namespace {
 
+// A length whose inputs could not be made: every implementation's row says so.
+Measurement inputs_failed(const std::exception& e) {
+  const Failure f = classify_failure(e);
+  Measurement m;
+  m.status = f.status;
+  m.reason = "the inputs alone: " + first_line(f.what);
+  return m;
+}
+
 int run(const BenchConfig& cfg) {
   const std::vector<Impl> impls = make_impls(cfg);
   if (impls.empty()) {
@@ -167,16 +176,10 @@ int run(const BenchConfig& cfg) {
             Measurement input_failure;
             try {
               in = make_inputs(cfg, dtype, dim_head, n, need_sdpa_mask);
-            } catch (const c10::OutOfMemoryError& e) {
-              input_failure.status = "oom";
-              input_failure.reason = "the inputs alone: " + first_line(e.what_without_backtrace());
+            } catch (const c10::Error& e) {  // the tensors' failure (an allocation, mostly): this length's row
+              input_failure = inputs_failed(e);
             } catch (const std::bad_alloc& e) {
-              input_failure.status = "oom";
-              input_failure.reason = std::string("the inputs alone: ") + e.what();
-            } catch (const c10::Error& e) {  // the CPU allocator's failure is a plain c10::Error
-              const std::string what = first_line(e.what_without_backtrace());
-              input_failure.status = what.find("can't allocate memory") != std::string::npos ? "oom" : "n/a";
-              input_failure.reason = "the inputs: " + what;
+              input_failure = inputs_failed(e);
             }
             // Round r times the implementations in list order (reversed when r is odd); each
             // keeps its fastest round. A failure or a skip is final.

@@ -96,6 +96,18 @@ bool device_alive() {
 
 }  // namespace
 
+Failure classify_failure(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
+    return {"oom", static_cast<const c10::Error&>(e).what_without_backtrace()};
+  }
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return {"oom", e.what()};
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    const std::string what = c10_error->what_without_backtrace();
+    return {what.find("can't allocate memory") != std::string::npos ? "oom" : "n/a", what};
+  }
+  return {"n/a", e.what()};
+}
+
 Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in) {
   Measurement m;
   if (!impl.unavailable.empty()) {
@@ -154,14 +166,9 @@ Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const I
     for (double x : sorted) sum += x;
     m.ms_mean = sum / static_cast<double>(n);
     m.iters = static_cast<int>(n);
-  } catch (const c10::OutOfMemoryError& e) {
-    fail("oom", e.what_without_backtrace());
-  } catch (const std::bad_alloc& e) {
-    fail("oom", e.what());
-  } catch (const c10::Error& e) {
-    fail("n/a", e.what_without_backtrace());
   } catch (const std::exception& e) {
-    fail("n/a", e.what());
+    const Failure f = classify_failure(e);
+    fail(f.status, f.what);
   }
   if (cfg.cuda && m.status != "ok" && !device_alive()) {
     throw DeviceLost(impl.name + " (" + pass_name(pass) + ") broke the CUDA context: " + m.reason +

@@ -28,6 +28,14 @@ struct DeviceLost : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What a failure to run or to set up a measurement was: "oom" for an allocation that failed (CUDA's
+// out-of-memory error, std::bad_alloc, the CPU allocator's "can't allocate memory"), else "n/a";
+// with the message without libtorch's backtrace.
+struct Failure {
+  std::string status, what;
+};
+Failure classify_failure(const std::exception& e);
+
 // Times `impl` on `in` for `pass` (see the top of bench.cpp). A failure is a Measurement with
 // status oom or n/a and the reason; DeviceLost when it left the CUDA device unusable.
 Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in);
