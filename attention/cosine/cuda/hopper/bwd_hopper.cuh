@@ -42,7 +42,7 @@ inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
 template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
 cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
-  if constexpr (kTmaDq && hopper::BwdWsTile<D, BM, false>::kNQ != 64) {
+  if constexpr (kTmaDq && hopper::BwdWsTile<D, BM, true>::kNQ != 64) {
     return launch_bwd_hopper_ws<T, D, BM, false>(p, stream);  // the 64-row d64 step (tuning variant 1)
   } else {
     constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
@@ -63,7 +63,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
         make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
         make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
         make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess ||
-        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, p.D, 64) != cudaSuccess)) {
+        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, p.D, Tile::kDqRows) != cudaSuccess)) {
       return cudaErrorNotSupported;
     }
     const int64_t key_blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN;
@@ -82,22 +82,29 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     BwdParams banded = p;
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
-    auto kernel = p.bias != nullptr ? (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
-                                           : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>)
-                                    : (det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>
-                                           : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>);
-    // FLASHCOS_HOPPER_BWD_DS_FP32=1: the plain bf16 kernel with dS = P (dP - D_i) in fp32, rounded
-    // once, as before the paired product (kPairDs in bwd_hopper_ws.cuh; a comparison variant).
-    static const bool ds_fp32 = env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
-    if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {
-      if (ds_fp32 && !det && !fixed && p.bias == nullptr) {
-        kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
+    auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
+    if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
+      if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;
+    } else {
+      if (p.bias != nullptr) {
+        kernel = det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
+                     : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>;
+      } else if (det) {
+        kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>;
       }
-    }
-    if constexpr (kMayFix) {
-      if (fixed) {
-        kernel = p.bias != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, true, true>
-                                   : hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, true>;
+      // FLASHCOS_HOPPER_BWD_DS_FP32=1: the plain bf16 kernel with dS = P (dP - D_i) in fp32, rounded
+      // once, as before the paired product (kPairDs in bwd_hopper_ws.cuh; a comparison variant).
+      static const bool ds_fp32 = env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
+      if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {
+        if (ds_fp32 && !det && !fixed && p.bias == nullptr) {
+          kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
+        }
+      }
+      if constexpr (kMayFix) {
+        if (fixed) {
+          kernel = p.bias != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, true, true>
+                                     : hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, true>;
+        }
       }
     }
     // dq_out: converted by dq_finish_kernel, overlapped with the last wave where the dQ warps count
@@ -136,10 +143,28 @@ inline HopperBwdKind hopper_bwd_kind() {
   return kind;
 }
 
+// Whether the d 128 backward takes 80-row steps (BwdWsTile::kDqT: 25 % more work per step for
+// the same K / V operands, dQ^T by the consumers' column halves) instead of 64: the plain instance
+// (not deterministic, no bias), causal or not. H100 run AA1 (b4 h8, backward TFLOP/s, three
+// interleaved rounds): +2.4 to +5.5 % in six of the eight bf16 / fp16 cases, level at non-causal
+// fp16 n 8192 and causal bf16 n 8192 (docs/kernels-tried.md, "Versions tried" 20).
+// FLASHCOS_HOPPER_BWD_ROWS=64 keeps 64-row steps everywhere, as does the comparison variant
+// FLASHCOS_HOPPER_BWD_DS_FP32=1 (both read once).
+inline bool hopper_bwd_80_rows(const BwdParams& p) {
+  static const bool rows_64 = env_count("FLASHCOS_HOPPER_BWD_ROWS", 80) == 64 ||
+                              env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
+  return !rows_64 && p.dq_semaphore == nullptr && p.bias == nullptr;
+}
+
 // The delta kernel and the backward, or cudaErrorNotSupported (nothing ran) where the TMA unit
 // cannot address the inputs.
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (D == 128) {
+    if (hopper_bwd_kind() == HopperBwdKind::kTma && hopper_bwd_80_rows(p)) {
+      return launch_bwd_hopper_ws<T, 128, 80, true, true>(p, stream);
+    }
+  }
   [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
   return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] {
     constexpr int kBM = hopper_bwd_rows<D>(kV);

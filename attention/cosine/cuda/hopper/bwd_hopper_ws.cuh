@@ -88,6 +88,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr int kNQ = Tile::kNQ;
   constexpr int kStages = Tile::kStages;
   constexpr int kConsumerThreads = 256;
+  // 80-row steps (Tile::kDqT): dQ^T = K^T dS^T (below); the plain instance only.
+  constexpr bool kDqT = Tile::kDqT;
+  static_assert(!kDqT || (kTmaDq && !kDet && !kBias && !kFixed), "80-row steps: the plain instance");
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
@@ -190,6 +193,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // warp's 16, 16-byte chunk 2 kk + l / 16, swizzled by the key row % 8 = l % 8).
   const uint32_t ds_row_addr = adS + uint32_t(c * 64 + warp * 16 + 8 * ((lane / 8) % 2) + lane % 8) * kSw128Row;
   const uint32_t ds_chunk_x = uint32_t(lane / 16) ^ uint32_t(lane % 8);
+  // kDqT: dS (rows x keys) by stmatrix .trans: lane l gives stored row l % 8 of matrix l / 8, i.e. row
+  // 8 (l / 16) + l % 8 of the k-step's 16, 16-byte chunk 2 warp + (l / 8) % 2 of column block c (the
+  // warp's 16 keys), swizzled by the row % 8 = l % 8.
+  const uint32_t dst_row_addr = adS + uint32_t(c * kBM + 8 * (lane / 16) + lane % 8) * kSw128Row +
+                                ((uint32_t(2 * warp + (lane / 8) % 2) ^ uint32_t(lane % 8)) << 4);
   // This thread's two keys n0 + key_local0 + 8 e0: inside J and not masked out.
   const bool has_mask = p.mask != nullptr;
   bool key_ok[2];
@@ -203,7 +211,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // dK = dS'^T Q need no multiply; otherwise it is applied where dQ and dK are written.
   const float ds_scale = kFoldScale ? p.scale : 1.f, dqk_scale = kFoldScale ? 1.f : p.scale;
 
-  float rdK[D / 2], rdV[D / 2], rdQ[kNQ / 2];
+  float rdK[D / 2], rdV[D / 2], rdQ[Tile::kDqRegs];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) rdK[i] = rdV[i] = 0.f;
   uint32_t rPf[kMT][4], rdSf[kMT][4];
@@ -240,19 +248,37 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       // the producer's reduction; its reduction of step it - 1 must have read the tile.
       if (it > 0) mbar_wait(bar_dq_empty + c, (it - 1) & 1);
       unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
+      if constexpr (kDqT) {
+        // rdQ[4 i + 2 e0 + h] = dQ^T (column warp 16 + g + 8 e0 of this consumer's 64, row 8 i + 2 t
+        // + h): column cb + 8 e0 of box warp / 2, row r = 8 i + 2 t + h at r 128 + (((cb + 8 e0) / 4)
+        // ^ (r % 8)) 16 + (cb % 4) 4, i.e. one address per (e0, h) plus 1024 i. Scalar stores: the
+        // rows of a thread's pairs are not adjacent in the tile.
+        const int cb = (warp % 2) * 16 + g;
+        const uint32_t box = smem_addr(tile) + (warp / 2) * Tile::kDqBoxBytes + (cb % 4) * 4;
 #pragma unroll
-      for (int e0 = 0; e0 < 2; ++e0) {
-        const int r = warp * 16 + g + 8 * e0;
+        for (int e0 = 0; e0 < 2; ++e0)
 #pragma unroll
-        for (int i = 0; i < kNQ / 8; ++i) {
-          const int cb = 8 * (i % 4) + 2 * t;  // column inside the 32-column box i / 4
-          float x0 = rdQ[4 * i + 2 * e0] * dqk_scale, x1 = rdQ[4 * i + 2 * e0 + 1] * dqk_scale;
-          if constexpr (kFixed) {  // to the row's grid: (x + c) - c, not fused or reassociated
-            x0 = __fadd_rn(__fadd_rn(x0, grid_c[e0]), -grid_c[e0]);
-            x1 = __fadd_rn(__fadd_rn(x1, grid_c[e0]), -grid_c[e0]);
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = 2 * t + hh;
+            const uint32_t a = box + r * kSw128Row + (((cb / 4 + 2 * e0) ^ r) * 16);
+#pragma unroll
+            for (int i = 0; i < kBM / 8; ++i) st_shared_f32(a + i * 8 * kSw128Row, rdQ[4 * i + 2 * e0 + hh] * dqk_scale);
           }
-          *reinterpret_cast<float2*>(tile + (i / 4) * Tile::kDqBoxBytes + r * kSw128Row + (((cb / 4) ^ (r % 8)) * 16) +
-                                     (cb % 4) * 4) = make_float2(x0, x1);
+      } else {
+#pragma unroll
+        for (int e0 = 0; e0 < 2; ++e0) {
+          const int r = warp * 16 + g + 8 * e0;
+#pragma unroll
+          for (int i = 0; i < kNQ / 8; ++i) {
+            const int cb = 8 * (i % 4) + 2 * t;  // column inside the 32-column box i / 4
+            float x0 = rdQ[4 * i + 2 * e0] * dqk_scale, x1 = rdQ[4 * i + 2 * e0 + 1] * dqk_scale;
+            if constexpr (kFixed) {  // to the row's grid: (x + c) - c, not fused or reassociated
+              x0 = __fadd_rn(__fadd_rn(x0, grid_c[e0]), -grid_c[e0]);
+              x1 = __fadd_rn(__fadd_rn(x1, grid_c[e0]), -grid_c[e0]);
+            }
+            *reinterpret_cast<float2*>(tile + (i / 4) * Tile::kDqBoxBytes + r * kSw128Row +
+                                       (((cb / 4) ^ (r % 8)) * 16) + (cb % 4) * 4) = make_float2(x0, x1);
+          }
         }
       }
       // Handed to the producer (fence, dq_full) at the start of the next step, or here after
@@ -290,13 +316,24 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const uint64_t q_desc_k = make_desc(aQ, 16, kSw128Atom), do_desc_k = make_desc(adO, 16, kSw128Atom);
   const uint64_t q_desc_n = make_desc(aQ, kBM * kSw128Row, kSw128Atom);    // Q, dO (N-major): dK, dV's B
   const uint64_t do_desc_n = make_desc(adO, kBM * kSw128Row, kSw128Atom);
+  // kDqT: dQ^T(it) = K^T dS^T(it): A = K^T (M-major: column block c of K, this consumer's 64
+  // columns), B = dS^T (K-major: the rows x keys tile, keys in column blocks of 64).
+  const uint64_t ds_desc_k = make_desc(adS, 16, kSw128Atom);
   auto issue_dq = [&](int it) {
-    const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
-    const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
+    if constexpr (kDqT) {
 #pragma unroll
-    for (int kk = 0; kk < kNT; ++kk)
-      Wgmma<T, kNQ>::template ss<1, 1>(rdQ, desc_add(ds_desc0, s_off + kk * 16 * kSw128Row),
-                                       desc_add(k_desc_n, k_off + kk * 16 * kSw128Row), kk > 0);
+      for (int kk = 0; kk < kNT; ++kk)
+        Wgmma<T, kBM>::template ss<1, 0>(
+            rdQ, desc_add(k_desc_n, c * kBN * kSw128Row + kk * 16 * kSw128Row),
+            desc_add(ds_desc_k, (it & 1) * Tile::kSBytes + (kk / 4) * kBM * kSw128Row + (kk % 4) * 32), kk > 0);
+    } else {
+      const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
+      const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
+#pragma unroll
+      for (int kk = 0; kk < kNT; ++kk)
+        Wgmma<T, kNQ>::template ss<1, 1>(rdQ, desc_add(ds_desc0, s_off + kk * 16 * kSw128Row),
+                                         desc_add(k_desc_n, k_off + kk * 16 * kSw128Row), kk > 0);
+    }
   };
 
   mbar_wait(bar_kv, 0);
@@ -373,11 +410,18 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // 8 x 8 matrix of keys 8 (j % 2) .. + 7 and rows 16 kk + 8 (j / 2) .. + 7, i.e. 16-byte chunk
     // 2 kk + j / 2 of those key rows (ds_row_addr, ds_chunk_x: this lane's row and swizzle).
     auto store_ds = [&] {
-      const uint32_t buf = ds_row_addr + (it & 1) * Tile::kSBytes;
+      if constexpr (kDqT) {  // rows x keys: k-step kk is rows 16 kk ..
+        const uint32_t buf = dst_row_addr + (it & 1) * Tile::kSBytes;
 #pragma unroll
-      for (int kk = 0; kk < kMT; ++kk)
-        stmatrix_x4(buf + (kk / 4) * kBN * kSw128Row + ((uint32_t((2 * kk) % 8) ^ ds_chunk_x) << 4), rdSf[kk][0],
-                    rdSf[kk][1], rdSf[kk][2], rdSf[kk][3]);
+        for (int kk = 0; kk < kMT; ++kk)
+          stmatrix_x4_trans(buf + kk * 16 * kSw128Row, rdSf[kk][0], rdSf[kk][1], rdSf[kk][2], rdSf[kk][3]);
+      } else {
+        const uint32_t buf = ds_row_addr + (it & 1) * Tile::kSBytes;
+#pragma unroll
+        for (int kk = 0; kk < kMT; ++kk)
+          stmatrix_x4(buf + (kk / 4) * kBN * kSw128Row + ((uint32_t((2 * kk) % 8) ^ ds_chunk_x) << 4), rdSf[kk][0],
+                      rdSf[kk][1], rdSf[kk][2], rdSf[kk][3]);
+      }
     };
     wgmma_fence();
     const uint32_t stage_off = stage * Tile::kQBytes;
@@ -400,7 +444,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // The rows' c_i into registers while S^T runs (loaded at their use, their latency stalled
     // the exponentials: ncu short-scoreboard stalls). Row 8 q + 2 t + h is rc[2 q + h]; with
     // 128-row steps only the first 32 rows' (more spilled), the rest loaded in the loop.
-    constexpr int kPre = kBM == 128 ? 4 : kBM / 8;
+    constexpr int kPre = kBM == 64 ? 8 : 4;
     float rc[2 * kPre];
     load_row_pairs(rc, sRowCs);
     wgmma_wait<1>();  // S^T

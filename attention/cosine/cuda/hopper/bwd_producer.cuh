@@ -30,7 +30,11 @@ struct BwdWsTile {
   // Head dims below D run on the same tiles: their operands' columns past p.D load as zeros (TMA),
   // and nothing past p.D is stored (bwd_hopper_ws_kernel); 16 / 32 on d 64, 80 / 96 on d 128.
   static_assert(D == 64 || D == 128, "the Hopper backward's tiles have 64 or 128 columns");
-  static_assert(BM == 64 || BM == 128, "64 or 128 query rows per step");
+  static_assert(BM == 64 || BM == 80 || BM == 128, "64, 80 or 128 query rows per step");
+  // 80-row steps (d 128, the TMA dQ): dQ^T = K^T dS^T, each consumer 64 columns of dQ (M) by the
+  // step's 80 rows (N), and dS stored rows x keys (query-major) for it; m64 cannot cover 80 rows.
+  static constexpr bool kDqT = BM == 80;
+  static_assert(!kDqT || D == 128, "80-row steps: d 128");
   static constexpr int kBN = 128;  // keys per CTA, 64 per consumer warpgroup
   static constexpr int kBM = BM;   // query rows per step
   static constexpr int kThreads = 384;
@@ -42,13 +46,18 @@ struct BwdWsTile {
   static constexpr int kNQ = kSplitRows ? D : D / 2;  // dQ columns per consumer
   static constexpr int kKBytes = kBN * D * 2;
   static constexpr int kQBytes = kBM * D * 2;
-  // dS^T (keys x rows) as BM / 64 blocks of kBN keys x 128 bytes (64 rows), swizzled.
+  // dS^T (keys x rows) as BM / 64 blocks of kBN keys x 128 bytes (64 rows), swizzled; kDqT: dS
+  // (rows x keys) as kBN / 64 blocks of BM rows x 128 bytes (64 keys).
   static constexpr int kSBytes = kBN * kBM * 2;
-  // kTmaDq: each consumer's 64 x 64 fp32 part of dQ, as two SW128 boxes of 64 rows x 32 columns.
-  static constexpr int kDqBoxBytes = 64 * 32 * 4;
+  // kTmaDq: each consumer's kDqRows x 64 fp32 part of dQ, as two SW128 boxes of kDqRows rows x 32
+  // columns.
+  static constexpr int kDqRows = kSplitRows ? 64 : kBM;
+  static constexpr int kDqBoxBytes = kDqRows * 32 * 4;
   static constexpr int kDqTileBytes = 2 * kDqBoxBytes;
   static constexpr int kDqBytes = kTmaDq ? 2 * kDqTileBytes : 0;
   static_assert(!kTmaDq || kNQ == 64, "a consumer's dQ part is 64 columns");
+  // Registers of a consumer's dQ part (fp32, one warpgroup's wgmma accumulator).
+  static constexpr int kDqRegs = kDqT ? kBM / 2 : kNQ / 2;
   static constexpr int kBarriers = 2 * kStages + 9;
   // Row stats (c_i, D_i) of a stage in shared memory, ordered by the consumer thread that reads them:
   // rows 8 q + 2 t + h (q < kBM / 8, h < 2) of quad lane t at t kStatStride + 2 q + h, so that each
@@ -152,7 +161,7 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
                                          unsigned char* sV, unsigned char* sQ, unsigned char* sdO, float* sRowC,
                                          float* sDelta, uint64_t* bar_kv, uint64_t* bar_full, uint64_t* bar_empty,
                                          int lane, int n0, int hkv, int b, int n_iters, const BwdSteps& steps) {
-  constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kStages = Tile::kStages, kStatsPerLane = kBM / 32;
+  constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kStages = Tile::kStages, kStatsPerLane = (kBM + 31) / 32;
   const int I = p.I, H = p.H;
   if (lane == 0) {
     tma_prefetch_map(&maps.q);
@@ -180,6 +189,7 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
     if (it >= kStages) mbar_wait(bar_empty + s, ((it / kStages) - 1) & 1);
 #pragma unroll
     for (int i = 0; i < kStatsPerLane; ++i) {
+      if (kBM % 32 != 0 && lane + 32 * i >= kBM) break;
       sRowC[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rc[i];
       sDelta[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rd[i];
     }

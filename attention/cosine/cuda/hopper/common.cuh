@@ -86,6 +86,20 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t row_addr, uint32_t r0, uint
                : "memory");
 #endif
 }
+// The same four matrices transposed (stmatrix .x4 .trans): lanes 8 i .. 8 i + 7 give the addresses
+// of the stored rows 0 .. 7 of matrix i, row r holding column r of the fragment's matrix.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t row_addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                  uint32_t r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
+// One fp32 store to a shared-memory byte address (32-bit: no generic address per store).
+__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
 // Keeps the compiler from moving register reads / writes of an accumulator across the
 // asynchronous wgmma that owns it (between issue and wait).
 template <int N>
