@@ -146,8 +146,9 @@ inline HopperBwdKind hopper_bwd_kind() {
 // Whether the d 128 backward takes 80-row steps (BwdWsTile::kDqT: 25 % more work per step for
 // the same K / V operands, dQ^T by the consumers' column halves) instead of 64: the plain instance
 // (not deterministic, no bias), causal or not. H100 run AA1 (b4 h8, backward TFLOP/s, three
-// interleaved rounds): +2.4 to +5.5 % in six of the eight bf16 / fp16 cases, level at non-causal
-// fp16 n 8192 and causal bf16 n 8192 (docs/kernels-tried.md, "Versions tried" 20).
+// interleaved rounds): +2.5 to +5.5 % in six of the eight bf16 / fp16 x n 8192 / 16384 cases,
+// -0.5 % at non-causal fp16 n 8192 and -1.2 % at causal bf16 n 8192, within those rounds' spread
+// (docs/kernels-tried.md, "Versions tried" 20).
 // FLASHCOS_HOPPER_BWD_ROWS=64 keeps 64-row steps everywhere, as does the comparison variant
 // FLASHCOS_HOPPER_BWD_DS_FP32=1 (both read once).
 inline bool hopper_bwd_80_rows(const BwdParams& p) {

@@ -5,8 +5,8 @@
 // attention bias or none (kBias: the bias added to the logits as the P is recomputed, dbias = dS by
 // fp32 reductions into dbias_accum; both straight from / to global memory, 8 bytes per element, so
 // that case is bound by memory, and its instances spill 200-650 bytes). One CTA owns kBN = 128 keys of one (b, kv head) and
-// loops over every query head of the group and every block of kBM (128 for d 64, 64 for d 128)
-// query rows. Consumer c owns keys n0 + 64 c .. n0 + 64 c + 63 and, per step it:
+// loops over every query head of the group and every block of kBM query rows (d 64: 128; d 128: 80
+// in the plain instance, 64 in the others). Consumer c owns keys n0 + 64 c .. n0 + 64 c + 63 and, per step it:
 //   S^T = K_c Q^T, dP^T = V_c dO^T      wgmma, A (K-major) and B (K-major) from shared memory, as
 //                                        two groups: P^T is computed while dP^T runs
 //   P^T = exp2(S^T scale log2e + c_i)   in registers on every element, packed to 16-bit A
@@ -20,7 +20,9 @@
 //                                        (swizzled, buffer it % 2); dK += dS^T Q (B = Q N-major)
 //   dQ(it - 1) = dS(it - 1) K            wgmma, A = dS (M-major, the dS^T tile), B = K N-major;
 //                                        128-row steps: rows 64c .. 64c + 63 of the tile, 64-row
-//                                        steps: every row, half the columns
+//                                        steps: every row, half the columns; 80-row steps (m64
+//                                        cannot cover 80 rows): dQ^T = K^T dS^T, half the columns
+//                                        as M, dS stored rows x keys (stmatrix .trans)
 // dQ needs both consumers' dS^T, so it runs a step late, and nothing else ties the consumers
 // together: there is no CTA-wide barrier in the loop, and while one computes P / dS the other's
 // MMAs keep the tensor cores busy (consumer 1 starts half a step late). dK, dV stay in registers for
@@ -67,6 +69,7 @@
 #include "attention/common/cuda/pdl.cuh"
 #include "attention/cosine/cuda/bwd_kernel.cuh"
 #include "attention/cosine/cuda/dq_semaphore.cuh"
+#include "attention/cosine/cuda/hopper/bwd_stores.cuh"
 #include "attention/cosine/cuda/hopper/bwd_producer.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/tma.cuh"
@@ -249,37 +252,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if (it > 0) mbar_wait(bar_dq_empty + c, (it - 1) & 1);
       unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
       if constexpr (kDqT) {
-        // rdQ[4 i + 2 e0 + h] = dQ^T (column warp 16 + g + 8 e0 of this consumer's 64, row 8 i + 2 t
-        // + h): column cb + 8 e0 of box warp / 2, row r = 8 i + 2 t + h at r 128 + (((cb + 8 e0) / 4)
-        // ^ (r % 8)) 16 + (cb % 4) 4, i.e. one address per (e0, h) plus 1024 i. Scalar stores: the
-        // rows of a thread's pairs are not adjacent in the tile.
-        const int cb = (warp % 2) * 16 + g;
-        const uint32_t box = smem_addr(tile) + (warp / 2) * Tile::kDqBoxBytes + (cb % 4) * 4;
-#pragma unroll
-        for (int e0 = 0; e0 < 2; ++e0)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int r = 2 * t + hh;
-            const uint32_t a = box + r * kSw128Row + (((cb / 4 + 2 * e0) ^ r) * 16);
-#pragma unroll
-            for (int i = 0; i < kBM / 8; ++i) st_shared_f32(a + i * 8 * kSw128Row, rdQ[4 * i + 2 * e0 + hh] * dqk_scale);
-          }
+        stage_dq_transposed<Tile>(tile, rdQ, dqk_scale, warp, g, t);
       } else {
-#pragma unroll
-        for (int e0 = 0; e0 < 2; ++e0) {
-          const int r = warp * 16 + g + 8 * e0;
-#pragma unroll
-          for (int i = 0; i < kNQ / 8; ++i) {
-            const int cb = 8 * (i % 4) + 2 * t;  // column inside the 32-column box i / 4
-            float x0 = rdQ[4 * i + 2 * e0] * dqk_scale, x1 = rdQ[4 * i + 2 * e0 + 1] * dqk_scale;
-            if constexpr (kFixed) {  // to the row's grid: (x + c) - c, not fused or reassociated
-              x0 = __fadd_rn(__fadd_rn(x0, grid_c[e0]), -grid_c[e0]);
-              x1 = __fadd_rn(__fadd_rn(x1, grid_c[e0]), -grid_c[e0]);
-            }
-            *reinterpret_cast<float2*>(tile + (i / 4) * Tile::kDqBoxBytes + r * kSw128Row +
-                                       (((cb / 4) ^ (r % 8)) * 16) + (cb % 4) * 4) = make_float2(x0, x1);
-          }
-        }
+        stage_dq_rows<Tile, Tile::kDqRegs, kFixed>(tile, rdQ, dqk_scale, grid_c, warp, g, t);
       }
       // Handed to the producer (fence, dq_full) at the start of the next step, or here after
       // the last one (hand_off_dq).
@@ -623,22 +598,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (kDet && !kTmaDq) count_unit(last);
   }
 
-#pragma unroll
-  for (int e0 = 0; e0 < 2; ++e0) {
-    const int col = n0 + key_local0 + 8 * e0;
-    if (col >= J) continue;
-    T* gdK = static_cast<T*>(p.dk) + b * p.dk_b_stride + hkv * p.dk_h_stride + int64_t(col) * p.dk_j_stride;
-    T* gdV = static_cast<T*>(p.dv) + b * p.dv_b_stride + hkv * p.dv_h_stride + int64_t(col) * p.dv_j_stride;
-    // Columns past a head dim below D are padding: not stored (kept out of the common case's loop).
-    const int store_cols = p.D < D ? p.D : D;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      if (dt * 8 >= store_cols) break;
-      *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
-          pack2<T>(rdK[4 * dt + 2 * e0] * dqk_scale, rdK[4 * dt + 2 * e0 + 1] * dqk_scale);
-      *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);
-    }
-  }
+  store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);
 #endif
 }
 
