@@ -83,9 +83,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
     auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
-    if constexpr (Tile::kDqT) {  // 80-row steps: the plain and the kFixed instance (launch_bwd_hopper sends no other)
-      if (det || p.bias != nullptr) return cudaErrorNotSupported;
-      if (fixed) kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, true>;
+    if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
+      if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;
     } else {
       if (p.bias != nullptr) {
         kernel = det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
@@ -146,17 +145,16 @@ inline HopperBwdKind hopper_bwd_kind() {
 
 // Whether the d 128 backward takes 80-row steps (BwdWsTile::kDqT: 25 % more work per step for
 // the same K / V operands, dQ^T by the consumers' column halves) instead of 64: the plain instance
-// and the deterministic one on the dQ grid (kFixed), causal or not, no bias. H100 run AA1 (b4 h8,
-// plain backward TFLOP/s, three interleaved rounds): +2.5 to +5.5 % in six of the eight bf16 / fp16
-// x n 8192 / 16384 cases, -0.5 % at non-causal fp16 n 8192 and -1.2 % at causal bf16 n 8192, within
-// those rounds' spread (docs/kernels-tried.md, "Versions tried" 20). FLASHCOS_HOPPER_BWD_ROWS=64 keeps
-// 64-row steps everywhere, as does the comparison variant FLASHCOS_HOPPER_BWD_DS_FP32=1 (both read
-// once); the ordered deterministic adds (no dQ grid) always take 64.
+// (not deterministic, no bias), causal or not. H100 run AA1 (b4 h8, backward TFLOP/s, three
+// interleaved rounds): +2.5 to +5.5 % in six of the eight bf16 / fp16 x n 8192 / 16384 cases,
+// -0.5 % at non-causal fp16 n 8192 and -1.2 % at causal bf16 n 8192, within those rounds' spread
+// (docs/kernels-tried.md, "Versions tried" 20).
+// FLASHCOS_HOPPER_BWD_ROWS=64 keeps 64-row steps everywhere, as does the comparison variant
+// FLASHCOS_HOPPER_BWD_DS_FP32=1 (both read once).
 inline bool hopper_bwd_80_rows(const BwdParams& p) {
   static const bool rows_64 = env_count("FLASHCOS_HOPPER_BWD_ROWS", 80) == 64 ||
                               env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
-  const bool on_grid = p.dq_grid != nullptr && p.dq_grid_kv != nullptr;
-  return !rows_64 && p.bias == nullptr && (p.dq_semaphore == nullptr || on_grid);
+  return !rows_64 && p.dq_semaphore == nullptr && p.bias == nullptr;
 }
 
 // The delta kernel and the backward, or cudaErrorNotSupported (nothing ran) where the TMA unit

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr int kConsumerThreads = 256;
   // 80-row steps (Tile::kDqT): dQ^T = K^T dS^T (below); the plain instance only.
   constexpr bool kDqT = Tile::kDqT;
-  static_assert(!kDqT || (kTmaDq && !kDet && !kBias), "80-row steps: the plain and the kFixed instance");
+  static_assert(!kDqT || (kTmaDq && !kDet && !kBias && !kFixed), "80-row steps: the plain instance");
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
@@ -237,13 +237,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // kFixed: the grid constants c_i (p.dq_grid) of this thread's two rows of the step whose dQ is
   // flushed next, loaded a step ahead (at the end of that step).
   float grid_c[2] = {0.f, 0.f};
-  const float* grid_rows = nullptr;  // kDqT: the constants of that step's rows, from its first
-  int grid_rows_left = 0;
   auto load_grid = [&](int m0s, int hs) {
-    if constexpr (kFixed && kDqT) {
-      grid_rows = p.dq_grid + (int64_t(b) * H + hs) * I + m0s;
-      grid_rows_left = I - m0s;
-    } else if constexpr (kFixed) {
+    if constexpr (kFixed) {
       const float* gc = p.dq_grid + (int64_t(b) * H + hs) * I;
 #pragma unroll
       for (int e0 = 0; e0 < 2; ++e0)
@@ -257,7 +252,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if (it > 0) mbar_wait(bar_dq_empty + c, (it - 1) & 1);
       unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
       if constexpr (kDqT) {
-        stage_dq_transposed<Tile, Tile::kDqRegs, kFixed>(tile, rdQ, dqk_scale, grid_rows, grid_rows_left, warp, g, t);
+        stage_dq_transposed<Tile>(tile, rdQ, dqk_scale, warp, g, t);
       } else {
         stage_dq_rows<Tile, Tile::kDqRegs, kFixed>(tile, rdQ, dqk_scale, grid_c, warp, g, t);
       }

@@ -41,12 +41,12 @@ __device__ __forceinline__ void stage_dq_rows(unsigned char* tile, const float (
 // of box warp / 2 (cb = (warp % 2) 16 + g), accumulator column 8 i + 2 t + h is tile row r = 8 i + 2 t
 // + h, at r 128 + (((cb + 8 e0) / 4) ^ (r % 8)) 16 + (cb % 4) 4: one address per (e0, h) plus 1024 i.
 // Scalar 32-bit shared stores (a thread's pairs are not adjacent in the tile; generic addresses per
-// store made the consumers spill 200 bytes). kFixed: each value rounded to its row's grid first, as in
-// stage_dq_rows; a thread holds 20 rows here, so their constants are read where they are used,
-// grid[min(r, rows_left - 1)] (grid: the step's first row's constant; rows past the end read the last).
-template <typename Tile, int kRegs, bool kFixed>
+// store made the consumers spill 200 bytes). No kFixed variant: the deterministic instances keep
+// 64-row steps (rounding to the grid here needs 20 rows' constants a thread; read where they were
+// used, they made that backward 4-7 % slower than with 64 rows, run AA4).
+template <typename Tile, int kRegs>
 __device__ __forceinline__ void stage_dq_transposed(unsigned char* tile, const float (&rdQ)[kRegs], float scale,
-                                                    const float* grid, int rows_left, int warp, int g, int t) {
+                                                    int warp, int g, int t) {
   const int cb = (warp % 2) * 16 + g;
   const uint32_t box = smem_addr(tile) + (warp / 2) * Tile::kDqBoxBytes + (cb % 4) * 4;
 #pragma unroll
@@ -56,14 +56,8 @@ __device__ __forceinline__ void stage_dq_transposed(unsigned char* tile, const f
     const uint32_t a1 = box + r * kSw128Row + (((cb / 4 + 2) ^ r) * 16);
 #pragma unroll
     for (int i = 0; i < kRegs / 4; ++i) {
-      float x0 = rdQ[4 * i + hh] * scale, x1 = rdQ[4 * i + 2 + hh] * scale;
-      if constexpr (kFixed) {
-        const float c = __ldg(grid + min(8 * i + r, rows_left - 1));
-        x0 = __fadd_rn(__fadd_rn(x0, c), -c);
-        x1 = __fadd_rn(__fadd_rn(x1, c), -c);
-      }
-      st_shared_f32(a0 + i * 8 * kSw128Row, x0);
-      st_shared_f32(a1 + i * 8 * kSw128Row, x1);
+      st_shared_f32(a0 + i * 8 * kSw128Row, rdQ[4 * i + hh] * scale);
+      st_shared_f32(a1 + i * 8 * kSw128Row, rdQ[4 * i + 2 + hh] * scale);
     }
   }
 }
