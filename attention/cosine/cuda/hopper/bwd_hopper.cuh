@@ -38,6 +38,14 @@ inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
   return knobs;
 }
 
+// FLASHCOS_HOPPER_BWD_DS_FP32=1 (read once): the plain bf16 kernel with dS = P (dP - D_i) in fp32,
+// rounded once, as before the paired product (kPairDs in bwd_hopper_ws.cuh; a comparison variant, in
+// 64-row steps).
+inline bool hopper_bwd_ds_fp32() {
+  static const bool on = env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
+  return on;
+}
+
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
 template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
@@ -92,11 +100,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
       } else if (det) {
         kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>;
       }
-      // FLASHCOS_HOPPER_BWD_DS_FP32=1: the plain bf16 kernel with dS = P (dP - D_i) in fp32, rounded
-      // once, as before the paired product (kPairDs in bwd_hopper_ws.cuh; a comparison variant).
-      static const bool ds_fp32 = env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
       if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {
-        if (ds_fp32 && !det && !fixed && p.bias == nullptr) {
+        if (hopper_bwd_ds_fp32() && !det && !fixed && p.bias == nullptr) {
           kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
         }
       }
@@ -120,7 +125,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
 
 // Query rows per backward step by tile variant (attention/cosine/cuda/tuning.h): variant 0 is in use,
 // d64 variant 1 is the 64-row step (H100 bf16 n8192, TFLOP/s, cp.async kernel: 128 rows 298, 64
-// rows 278; docs/kernels.md). d128 has one shape: 128-row steps spill heavily there.
+// rows 278; docs/kernels.md). d128: 64 here (128-row steps spill heavily there); launch_bwd_hopper
+// takes 80-row steps instead where hopper_bwd_80_rows says so.
 template <int D>
 constexpr int hopper_bwd_rows(int variant) {
   return D == 64 && variant != 1 ? 128 : 64;
@@ -149,12 +155,11 @@ inline HopperBwdKind hopper_bwd_kind() {
 // interleaved rounds): +2.5 to +5.5 % in six of the eight bf16 / fp16 x n 8192 / 16384 cases,
 // -0.5 % at non-causal fp16 n 8192 and -1.2 % at causal bf16 n 8192, within those rounds' spread
 // (docs/kernels-tried.md, "Versions tried" 20).
-// FLASHCOS_HOPPER_BWD_ROWS=64 keeps 64-row steps everywhere, as does the comparison variant
-// FLASHCOS_HOPPER_BWD_DS_FP32=1 (both read once).
+// FLASHCOS_HOPPER_BWD_ROWS=64 (read once) keeps 64-row steps everywhere, as does the comparison
+// variant FLASHCOS_HOPPER_BWD_DS_FP32=1.
 inline bool hopper_bwd_80_rows(const BwdParams& p) {
-  static const bool rows_64 = env_count("FLASHCOS_HOPPER_BWD_ROWS", 80) == 64 ||
-                              env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
-  return !rows_64 && p.dq_semaphore == nullptr && p.bias == nullptr;
+  static const bool rows_64 = env_count("FLASHCOS_HOPPER_BWD_ROWS", 80) == 64;
+  return !rows_64 && !hopper_bwd_ds_fp32() && p.dq_semaphore == nullptr && p.bias == nullptr;
 }
 
 // The delta kernel and the backward, or cudaErrorNotSupported (nothing ran) where the TMA unit
