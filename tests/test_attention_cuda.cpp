@@ -473,6 +473,45 @@ TEST_F(FusedAttentionMisc, ForwardBiasAnyStrides) {
   }
 }
 
+// fp16 backward where dP - D_i passes fp16's 65504 while dS = P (dP - D_i) does not: the last 6
+// rows of dO scaled by 6000 (|dP| up to ~6000 sqrt(D) 4), the rest as usual; the last rows, so that
+// a causal row sees ~300 keys and P stays ~1/300 (row 1 sees 2 keys: P ~ 1/2, dS itself past 65504).
+// The Hopper kernels form fp16's dS in fp32 from dP - D_i (hopper/bwd_ds.cuh): dP - D_i rounded to
+// fp16 first would make dS, dq, dk inf / NaN here. The backward is linear in dO, so the errors
+// against float64 must stay those of the same inputs with unscaled dO (2x + eps / 4), at d 64 and
+// 128, with and without a causal mask, and with a key mask (P = 0 next to a large dP - D_i).
+TEST_F(FusedAttentionMisc, Fp16BackwardLargeDpMinusD) {
+  const std::vector<Case> cases = {C("d64_large_do", 1, 2, 2, 300, 300, 64), C("d128_large_do", 1, 2, 2, 300, 300, 128),
+                                   C("d128_large_do_causal", 1, 2, 2, 300, 300, 128).causal(),
+                                   C("d128_large_do_mask", 1, 2, 2, 300, 300, 128).mask()};
+  for (const Case& c : cases) {
+    at::manual_seed(int64_t(name_seed(c.name)));
+    const Inputs base = rounded(make_inputs(c), at::kHalf);
+    Inputs large = base;
+    large.dout = base.dout.clone();
+    large.dout.narrow(2, c.I - 6, 6).mul_(6000.0);  // the last 6 rows of every head
+    large = rounded(large, at::kHalf);
+    const Outputs ref_base = run_api(c, base, /*fused=*/false, at::kDouble);
+    const Outputs ref_large = run_api(c, large, /*fused=*/false, at::kDouble);
+    // dP - D_i (D_i = dO_i . O_i) of the large rows, every key: some must pass fp16's range.
+    const at::Tensor do_rows = large.dout.narrow(2, c.I - 6, 6);
+    const at::Tensor d_i = (do_rows * ref_large.o.narrow(2, c.I - 6, 6)).sum(-1, true);
+    const double x_max = (at::matmul(do_rows, large.v.transpose(-1, -2)) - d_i).abs().max().item<double>();
+    ASSERT_GT(x_max, 65504.0) << c.name << ": dP - D_i stays inside fp16's range";
+    const Errors e_base = errors_vs(run_api(c, base, /*fused=*/true, at::kHalf), ref_base, c.scale);
+    const Outputs run = run_api(c, large, /*fused=*/true, at::kHalf);
+    for (const at::Tensor* t : {&run.dq, &run.dk, &run.dv})
+      EXPECT_TRUE(at::isfinite(*t).all().item<bool>()) << c.name << ": NaN / inf in a gradient";
+    const Errors e = errors_vs(run, ref_large, c.scale);
+    const double floor = dtype_eps(at::kHalf) / 4;
+    std::printf("[ errors   ] %-22s fp16 dO x 6000 (max |dP - D_i| %.3g): dq %.2e dk %.2e dv %.2e | unscaled dq %.2e dk %.2e dv %.2e\n",
+                c.name.c_str(), x_max, e.dq, e.dk, e.dv, e_base.dq, e_base.dk, e_base.dv);
+    EXPECT_LE(e.dq, 2 * e_base.dq + floor) << c.name << " dq";
+    EXPECT_LE(e.dk, 2 * e_base.dk + floor) << c.name << " dk";
+    EXPECT_LE(e.dv, 2 * e_base.dv + floor) << c.name << " dv";
+  }
+}
+
 // Long sequence without n^2 memory: b 1, h 8, n 65536, d 64 bf16 causal, forward + backward.
 TEST_F(FusedAttentionMisc, LongSequenceLinearMemory) {
   at::manual_seed(43);

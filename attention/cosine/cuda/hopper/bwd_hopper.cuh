@@ -38,9 +38,9 @@ inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
   return knobs;
 }
 
-// FLASHCOS_HOPPER_BWD_DS_FP32=1 (read once): the plain bf16 kernel with dS = P (dP - D_i) in fp32,
-// rounded once, as before the paired product (kPairDs in bwd_hopper_ws.cuh; a comparison variant, in
-// 64-row steps).
+// FLASHCOS_HOPPER_BWD_DS_FP32=1 (read once): the plain bf16 kernel, in 80-row steps at d 128 too, with
+// dS = P (dP - D_i) in fp32, rounded once, as before the paired product (kPairDs in bwd_hopper_ws.cuh,
+// bwd_ds.cuh; a comparison variant). fp16 always forms dS so.
 inline bool hopper_bwd_ds_fp32() {
   static const bool on = env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
   return on;
@@ -93,6 +93,9 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
     if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
       if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if (hopper_bwd_ds_fp32()) kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
+      }
     } else {
       if (p.bias != nullptr) {
         kernel = det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
@@ -155,11 +158,10 @@ inline HopperBwdKind hopper_bwd_kind() {
 // interleaved rounds): +2.5 to +5.5 % in six of the eight bf16 / fp16 x n 8192 / 16384 cases,
 // -0.5 % at non-causal fp16 n 8192 and -1.2 % at causal bf16 n 8192, within those rounds' spread
 // (docs/kernels-tried.md, "Versions tried" 20).
-// FLASHCOS_HOPPER_BWD_ROWS=64 (read once) keeps 64-row steps everywhere, as does the comparison
-// variant FLASHCOS_HOPPER_BWD_DS_FP32=1.
+// FLASHCOS_HOPPER_BWD_ROWS=64 (read once) keeps 64-row steps everywhere.
 inline bool hopper_bwd_80_rows(const BwdParams& p) {
   static const bool rows_64 = env_count("FLASHCOS_HOPPER_BWD_ROWS", 80) == 64;
-  return !rows_64 && !hopper_bwd_ds_fp32() && p.dq_semaphore == nullptr && p.bias == nullptr;
+  return !rows_64 && p.dq_semaphore == nullptr && p.bias == nullptr;
 }
 
 // The delta kernel and the backward, or cudaErrorNotSupported (nothing ran) where the TMA unit

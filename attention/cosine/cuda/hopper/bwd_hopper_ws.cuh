@@ -69,6 +69,7 @@
 #include "attention/common/cuda/pdl.cuh"
 #include "attention/cosine/cuda/bwd_kernel.cuh"
 #include "attention/cosine/cuda/dq_semaphore.cuh"
+#include "attention/cosine/cuda/hopper/bwd_ds.cuh"
 #include "attention/cosine/cuda/hopper/bwd_stores.cuh"
 #include "attention/cosine/cuda/hopper/bwd_producer.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
-  // kPairDs: dS from one 16-bit multiply per pair (below); bf16 only, where rounding dP - D_i to T
+  // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T
   // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).
   constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;
 
@@ -489,28 +490,14 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_wait<1>();  // dP^T (dV may still run)
     fence_regs(rdP);
     if (it == 0 && c == 0) named_bar_arrive<1, kConsumerThreads>();
-    // dS^T from the 16-bit P that dV uses (rS is dead once packed: its 64 registers are what
-    // the 240-register consumers lack). kPairDs: dP scale - D_i scale rounded to bf16, times the
-    // packed P by one bf16x2 multiply per pair, straight into dS's A fragments (two roundings to
-    // bf16 instead of one, no unpacking of P: per thread and 128-row step 64 unpacks and 64 fp32
-    // multiplies become 32 pair multiplies). Otherwise (fp16, kBias, whose dbias wants dS in fp32,
-    // and kDsFp32) the product in fp32, rounded once.
+    // dS^T from the 16-bit P that dV uses (rS is dead once packed: its registers are what the
+    // 240-register consumers lack), straight into dS's A fragments: bwd_ds.cuh. kPairDs: one bf16x2
+    // multiply per pair; otherwise (fp16, kBias, whose dbias wants dS in fp32, and kDsFp32) the
+    // product in fp32, rounded once.
     if constexpr (kPairDs) {
-#pragma unroll
-      for (int kk = 0; kk < kMT; ++kk)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = 8 * kk + 2 * j;  // word j of k-step kk: elements i, i + 1 (rows i / 4 pairs)
-          rdSf[kk][j] = mul_bf16x2(pack2<T>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]),
-                                            fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1])),
-                                   rPf[kk][j]);
-        }
+      ds_paired<kBM / 2>(rdSf, rdP, rPf, rD, ds_scale);
     } else {
-#pragma unroll
-      for (int i = 0; i < kBM / 2; ++i) {
-        const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
-        rdP[i] = (i % 2 ? pp.y : pp.x) * fmaf(rdP[i], ds_scale, -rD[2 * (i / 4) + i % 2]);
-      }
+      ds_fp32<T, kBM / 2, !kBias>(rdSf, rdP, rPf, rD, ds_scale);
     }
     if constexpr (kBias) {
       // dbias = dS (without the folded scale), added by fp32 reductions (sm_80's bwd_kernel.cuh does
@@ -530,7 +517,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         rowp += 8 * int64_t(J);
       }
     }
-    if constexpr (!kPairDs) {
+    if constexpr (kBias) {
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
     }
