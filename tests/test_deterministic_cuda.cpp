@@ -97,7 +97,8 @@ INSTANTIATE_TEST_SUITE_P(Gpu, DeterministicBackward, ::testing::Values(
   DetCase{"hopper_fp16_d64_causal_i_gt_j",      at::kHalf,     2, 2, 2, 1000, 700, 64, true},
   DetCase{"hopper_bf16_d96_causal",     at::kBFloat16, 1, 4, 2, 2049, 2049, 96, true},
   DetCase{"hopper_fp16_d32_mask",       at::kHalf,     2, 2, 2, 1000, 2049, 32, false, true},
-  // d 128's 80-row steps on the dQ grid: 1000 rows end in a 40-row step (its rows' constants clamped).
+  // d 128 with a key mask on the dQ grid (64-row steps): 1000 rows end in a 40-row step (its rows'
+  // constants clamped).
   DetCase{"hopper_bf16_d128_mask_1000", at::kBFloat16, 2, 2, 2, 1000, 1500, 128, false, true},
   DetCase{"sm80_bf16_d96_mask_bias",    at::kBFloat16, 2, 2, 2, 1000, 2049, 96, true, true, true},
   DetCase{"sm80_fp16_d64_bias_batch",   at::kHalf,     2, 2, 2, 127, 2049, 64, false, false, false, true},

@@ -3,7 +3,8 @@
 // rows' D_i (rD[2 (i / 4) + i % 2] for accumulator i), into dS^T's A fragments:
 //   dS = P (dP s - D_i)        s = ds_scale (bf16 folds the softmax scale in; D_i then carries it)
 // Two ways, by what the caller's instance allows:
-//   ds_fp32     unpack P to fp32, multiply, round once (in place in rdP, which kBias's dbias reads);
+//   ds_fp32     unpack P to fp32 and multiply, in place in rdP (which kBias's dbias reads before the
+//               caller packs it, rounding once, with acc_to_frag);
 //   ds_paired   bf16 (kPairDs): dP s - D_i rounded to bf16, times the packed P by one bf16x2 multiply
 //               per pair (two roundings, no unpacking; bf16 has fp32's range, nothing can overflow).
 // fp16 keeps ds_fp32: dP - D_i rounded to fp16 can overflow (|dP - D_i| > 65504) where P (dP - D_i)
@@ -19,19 +20,14 @@
 
 namespace flashcos::cuda::hopper {
 
-// In place: rdP[i] = P_i (rdP[i] s - D_i) in fp32, then (kPack) packed into rdSf (kBias packs once
-// its dbias has read rdP: spills as before).
-template <typename T, int N, bool kPack = true>
-__device__ __forceinline__ void ds_fp32(uint32_t (&rdSf)[N / 8][4], float (&rdP)[N], const uint32_t (&rPf)[N / 8][4],
-                                        const float (&rD)[N / 2], float ds_scale) {
+// In place: rdP[i] = P_i (rdP[i] s - D_i) in fp32.
+template <typename T, int N>
+__device__ __forceinline__ void ds_fp32(float (&rdP)[N], const uint32_t (&rPf)[N / 8][4], const float (&rD)[N / 2],
+                                        float ds_scale) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const float2 pp = unpack2<T>(rPf[i / 8][(i % 8) / 2]);
     rdP[i] = (i % 2 ? pp.y : pp.x) * fmaf(rdP[i], ds_scale, -rD[2 * (i / 4) + i % 2]);
-  }
-  if constexpr (kPack) {
-#pragma unroll
-    for (int kk = 0; kk < N / 8; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
   }
 }
 

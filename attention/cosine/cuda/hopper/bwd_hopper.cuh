@@ -93,9 +93,6 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
     if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
       if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        if (hopper_bwd_ds_fp32()) kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
-      }
     } else {
       if (p.bias != nullptr) {
         kernel = det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
@@ -103,16 +100,16 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
       } else if (det) {
         kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead>;
       }
-      if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {
-        if (hopper_bwd_ds_fp32() && !det && !fixed && p.bias == nullptr) {
-          kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
-        }
-      }
       if constexpr (kMayFix) {
         if (fixed) {
           kernel = p.bias != nullptr ? hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, true, true>
                                      : hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, true>;
         }
+      }
+    }
+    if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {  // any step size
+      if (hopper_bwd_ds_fp32() && !det && !fixed && p.bias == nullptr) {
+        kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
       }
     }
     // dq_out: converted by dq_finish_kernel, overlapped with the last wave where the dQ warps count

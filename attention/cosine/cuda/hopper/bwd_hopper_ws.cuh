@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if constexpr (kDqT) {
         stage_dq_transposed<Tile>(tile, rdQ, dqk_scale, warp, g, t);
       } else {
-        stage_dq_rows<Tile, Tile::kDqRegs, kFixed>(tile, rdQ, dqk_scale, grid_c, warp, g, t);
+        stage_dq_rows<Tile, kFixed>(tile, rdQ, dqk_scale, grid_c, warp, g, t);
       }
       // Handed to the producer (fence, dq_full) at the start of the next step, or here after
       // the last one (hand_off_dq).
@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if constexpr (kPairDs) {
       ds_paired<kBM / 2>(rdSf, rdP, rPf, rD, ds_scale);
     } else {
-      ds_fp32<T, kBM / 2, !kBias>(rdSf, rdP, rPf, rD, ds_scale);
+      ds_fp32<T, kBM / 2>(rdP, rPf, rD, ds_scale);
     }
     if constexpr (kBias) {
       // dbias = dS (without the folded scale), added by fp32 reductions (sm_80's bwd_kernel.cuh does
@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         rowp += 8 * int64_t(J);
       }
     }
-    if constexpr (kBias) {
+    if constexpr (!kPairDs) {  // the fp32 product rounded once, after dbias read it
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
     }

@@ -17,14 +17,14 @@ namespace flashcos::cuda::hopper {
 // dQ = dS K as rows x columns (64 rows, this consumer's 64 columns): each thread's column pairs are
 // adjacent, one 8-byte store per pair. kFixed (the deterministic grid): each value rounded to its
 // row's grid first, (x + c) - c with c = grid_c[e0] (not fused or reassociated: attention/cosine/dq_grid.h).
-template <typename Tile, int kRegs, bool kFixed>
-__device__ __forceinline__ void stage_dq_rows(unsigned char* tile, const float (&rdQ)[kRegs], float scale,
+template <typename Tile, bool kFixed>
+__device__ __forceinline__ void stage_dq_rows(unsigned char* tile, const float (&rdQ)[Tile::kDqRegs], float scale,
                                               const float (&grid_c)[2], int warp, int g, int t) {
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
     const int r = warp * 16 + g + 8 * e0;
 #pragma unroll
-    for (int i = 0; i < kRegs / 4; ++i) {
+    for (int i = 0; i < Tile::kDqRegs / 4; ++i) {
       const int cb = 8 * (i % 4) + 2 * t;  // column inside the 32-column box i / 4
       float x0 = rdQ[4 * i + 2 * e0] * scale, x1 = rdQ[4 * i + 2 * e0 + 1] * scale;
       if constexpr (kFixed) {
@@ -44,8 +44,8 @@ __device__ __forceinline__ void stage_dq_rows(unsigned char* tile, const float (
 // store made the consumers spill 200 bytes). No kFixed variant: the deterministic instances keep
 // 64-row steps (rounding to the grid here needs 20 rows' constants a thread; read where they were
 // used, they made that backward 4-7 % slower than with 64 rows, run AA4).
-template <typename Tile, int kRegs>
-__device__ __forceinline__ void stage_dq_transposed(unsigned char* tile, const float (&rdQ)[kRegs], float scale,
+template <typename Tile>
+__device__ __forceinline__ void stage_dq_transposed(unsigned char* tile, const float (&rdQ)[Tile::kDqRegs], float scale,
                                                     int warp, int g, int t) {
   const int cb = (warp % 2) * 16 + g;
   const uint32_t box = smem_addr(tile) + (warp / 2) * Tile::kDqBoxBytes + (cb % 4) * 4;
@@ -55,7 +55,7 @@ __device__ __forceinline__ void stage_dq_transposed(unsigned char* tile, const f
     const uint32_t a0 = box + r * kSw128Row + (((cb / 4) ^ r) * 16);
     const uint32_t a1 = box + r * kSw128Row + (((cb / 4 + 2) ^ r) * 16);
 #pragma unroll
-    for (int i = 0; i < kRegs / 4; ++i) {
+    for (int i = 0; i < Tile::kDqRegs / 4; ++i) {
       st_shared_f32(a0 + i * 8 * kSw128Row, rdQ[4 * i + hh] * scale);
       st_shared_f32(a1 + i * 8 * kSw128Row, rdQ[4 * i + 2 + hh] * scale);
     }
