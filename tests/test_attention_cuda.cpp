@@ -83,6 +83,7 @@ std::vector<Case> all_cases() {
     C("d128_causal_2049",            1, 2, 2, 2049, 2049, 128).causal(),
     C("d128_cross_257x1000",         2, 2, 2, 257, 1000, 128),
     C("d128_causal_i_lt_j_63x1000",  1, 2, 2, 63, 1000, 128).causal(),
+    C("d128_causal_i_gt_j_1000x300", 1, 2, 2, 1000, 300, 128).causal(),  // 700 rows see nothing; 80-row steps off the grid
     C("d128_len1",                   2, 2, 2, 1, 1, 128),
     C("d128_mq_exp_causal",          2, 4, 1, 300, 700, 128).mq().exp_kind().scale(1.2).causal(),
     // Head dims below the Hopper tiles' 64 / 128 (zero-padded there), no mask, no bias.

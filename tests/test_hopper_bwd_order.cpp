@@ -6,7 +6,7 @@
 // waits again). A random scheduler runs the CTAs on a given number of SMs, one CTA each, launching
 // them in index order as SMs free up, and advances one of the resident CTAs that may proceed.
 // For each order: the grid covers every (key block, kv head) once, each CTA's steps cover each of
-// its units once, the run finishes, every unit receives one add from every key block that reaches
+// its units once and each row that sees its keys once (the 80-row steps no row that sees none), the run finishes, every unit receives one add from every key block that reaches
 // it, and the order of the adds into a unit is the same under two different schedules. A band of
 // the rotated order wider than the SMs must deadlock: the reason the launcher keeps a band within
 // them. The launcher's choices for the cases it distinguishes are pinned down too.
@@ -37,6 +37,7 @@ struct OrderCase {
   bool causal, det;
   int sms;
   BwdOrderKnobs knobs = {};  // the launcher's defaults unless a case says otherwise
+  int bm = 0;  // 80: the plain d 128 instance's 80-row steps, off the row-block grid; 0: hopper_bwd_rows
 };
 
 void PrintTo(const OrderCase& c, std::ostream* os) { *os << c.name; }
@@ -49,12 +50,8 @@ struct CtaWork {
 
 constexpr int kBN = 128;  // keys per CTA
 
-int rows_per_step(const OrderCase& c) { return c.d_tile == 64 ? 128 : 64; }  // hopper_bwd_rows, variant 0
-
-// The kernel's first row block of a key block (bwd_hopper_ws.cuh: m_start), written again here.
-int m_start_of(const OrderCase& c, int n_block) {
-  return c.causal ? std::max(0, n_block * kBN - (c.J - c.I)) / rows_per_step(c) : 0;
-}
+int rows_per_step(const OrderCase& c) { return c.bm > 0 ? c.bm : c.d_tile == 64 ? 128 : 64; }  // hopper_bwd_rows, variant 0
+bool on_grid(const OrderCase& c) { return c.bm != 80; }  // as the kernel: bwd_rows' on_grid
 
 BwdParams params_of(const OrderCase& c) {
   static int counters = 0;  // any non-null pointer: the deterministic mode
@@ -69,15 +66,14 @@ std::vector<CtaWork> grid_of(const OrderCase& c) {
   const BwdParams p = params_of(c);
   const int bm = rows_per_step(c);
   const int n_blocks = (c.J + kBN - 1) / kBN, heads_batches = c.B * c.Hkv, group = c.H / c.Hkv;
-  const int m_blocks = (c.I + bm - 1) / bm;
   std::vector<CtaWork> grid;
   for (int idx = 0; idx < n_blocks * heads_batches; ++idx) {
     CtaWork w;
     w.cta = bwd_cta(p, unsigned(idx), n_blocks, heads_batches);
     w.hkv = w.cta.hb % c.Hkv, w.b = w.cta.hb / c.Hkv;  // as the kernel without a bias
-    const int m_start = m_start_of(c, w.cta.n_block), per_head = std::max(0, m_blocks - m_start);
-    w.n_iters = group * per_head;
-    w.order = bwd_order(p, w.cta, w.hkv * group, per_head, m_start, bm, w.n_iters, c.det);
+    const BwdRows rows = bwd_rows(p, w.cta.n_block * kBN, bm, on_grid(c));
+    w.n_iters = group * rows.per_head;
+    w.order = bwd_order(p, w.cta, w.hkv * group, rows, bm, w.n_iters, c.det);
     grid.push_back(w);
   }
   return grid;
@@ -140,15 +136,38 @@ TEST_P(HopperBwdOrder, CoversEveryUnitOnceAndAddsInOneOrder) {
   }
   EXPECT_EQ(int(taken.size()), n_blocks * c.B * c.Hkv) << c.name;
 
+  // Rows: every CTA's steps cover each row of its query heads that sees one of its keys (row i sees
+  // key j where j <= i + J - I) exactly once, and start inside I; on the grid a step may also cover
+  // rows that see none of them, off it (80-row steps) none.
+  const int group = c.H / c.Hkv;
+  for (const CtaWork& w : grid) {
+    std::vector<int> covered(size_t(group) * c.I, 0);
+    for (int s = 0; s < w.n_iters; ++s) {
+      const int h = w.order.steps.h(s), m0 = w.order.steps.m0(s);
+      ASSERT_TRUE(h >= w.hkv * group && h < (w.hkv + 1) * group && m0 >= 0 && m0 < c.I) << c.name << ": step " << s;
+      for (int r = m0; r < std::min(m0 + bm, c.I); ++r) ++covered[size_t(h - w.hkv * group) * c.I + r];
+    }
+    for (int hh = 0; hh < group; ++hh)
+      for (int r = 0; r < c.I; ++r) {
+        const bool sees = !c.causal || w.cta.n_block * kBN <= r + (c.J - c.I);
+        const int n = covered[size_t(hh) * c.I + r];
+        if (sees || !on_grid(c)) {
+          ASSERT_EQ(n, sees ? 1 : 0) << c.name << ": key block " << w.cta.n_block << ", row " << r;
+        } else {
+          ASSERT_LE(n, 1) << c.name << ": key block " << w.cta.n_block << ", row " << r;
+        }
+      }
+  }
+
   std::map<Unit, std::vector<int>> first, second;
   ASSERT_TRUE(simulate(c, grid, 1, &first)) << c.name << ": deadlock";
   ASSERT_TRUE(simulate(c, grid, 2, &second)) << c.name << ": deadlock";
-  const int group = c.H / c.Hkv;
+  if (!on_grid(c)) return;  // the units below are row blocks of the grid
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < c.H; ++h)
       for (int m = 0; m < m_blocks; ++m) {
         // Key blocks whose first key the row block's last row sees (diagonal J - I), counted
-        // without m_start_of, so that a wrong first row block there shows here.
+        // without bwd_rows, so that a wrong first row block there shows here.
         int reaching = 0;
         for (int n = 0; n < n_blocks; ++n) reaching += !c.causal || n * kBN <= (m + 1) * bm - 1 + (c.J - c.I);
         const Unit u{b, h, m * bm};
@@ -195,7 +214,12 @@ INSTANTIATE_TEST_SUITE_P(Cpu, HopperBwdOrder, ::testing::Values(
   OrderCase{"causal_keyblock_all",   1, 4, 4, 2049, 2049,  64, true,  true, 132, key_block_order()},
   // Not deterministic: coverage only.
   OrderCase{"plain_causal",          2, 3, 3, 1000, 1000, 128, true,  false, 132},
-  OrderCase{"plain_full",            2, 4, 2, 1000, 2300,  64, false, false, 132}),
+  OrderCase{"plain_full",            2, 4, 2, 1000, 2300,  64, false, false, 132},
+  // The plain d 128 instance's 80-row steps: causal from each block's diagonal (J = I, J > I, I > J).
+  OrderCase{"plain_causal_80",       2, 4, 2, 1000, 1000, 128, true,  false, 132, {}, 80},
+  OrderCase{"plain_causal_80_j_gt_i", 1, 2, 2,  700, 2300, 128, true,  false, 132, {}, 80},
+  OrderCase{"plain_causal_80_i_gt_j", 1, 2, 1, 2300,  700, 128, true,  false, 132, {}, 80},
+  OrderCase{"plain_full_80",         1, 2, 2, 1000, 1000, 128, false, false, 132, {}, 80}),
   [](const ::testing::TestParamInfo<OrderCase>& info) { return info.param.name; });
 // clang-format on
 

@@ -105,6 +105,10 @@ struct BwdParams : CommonParams {
   // deterministic, each block's steps backwards (hopper::DqTurns). Set by its launcher.
   int head_group = 0;
   bool det_reverse = false;
+  // The Hopper backward's plain 80-row instance, causal: steps on the 80-row grid, as before
+  // 2026-11-28 (FLASHCOS_HOPPER_BWD_ROW_GRID=1, a comparison variant), instead of from the first row
+  // that sees the key block (hopper::bwd_rows). Set by its launcher.
+  bool bwd_rows_on_grid = false;
   // Deterministic dq on the Hopper backward (its kFixed instance), or nullptr: (B, H, I) float, row
   // i's constant c_i = 1.5 * 2^(u_i + 23), written by the delta kernel from dq_grid_kv ((B, Hkv, 2)
   // uint32, zeroed by the caller, filled by the launcher's K / V maxima kernel; dq_grid.cuh). Each

@@ -46,6 +46,14 @@ inline bool hopper_bwd_ds_fp32() {
   return on;
 }
 
+// FLASHCOS_HOPPER_BWD_ROW_GRID=1 (read once): the causal 80-row steps on the 80-row grid, as before
+// 2026-11-28, instead of from the first row that sees the key block (hopper::bwd_rows; a comparison
+// variant).
+inline bool hopper_bwd_rows_on_grid() {
+  static const bool on = env_count("FLASHCOS_HOPPER_BWD_ROW_GRID", 0) > 0;
+  return on;
+}
+
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
 template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
@@ -90,6 +98,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     BwdParams banded = p;
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
+    banded.bwd_rows_on_grid = hopper_bwd_rows_on_grid();
     auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
     if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
       if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;

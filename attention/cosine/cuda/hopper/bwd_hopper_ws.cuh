@@ -139,9 +139,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int I = p.I, J = p.J, H = p.H;
   const int diag = J - I;
   const int n0 = n_block * kBN;
-  const int m_blocks = (I + kBM - 1) / kBM;
-  const int m_start = p.causal ? max(0, n0 - diag) / kBM : 0;
-  const int per_head = max(0, m_blocks - m_start);
+  // The steps' first row: on the kBM-row grid but in the plain 80-row instance (bwd_rows).
+  const BwdRows rows = bwd_rows(p, n0, kBM, !kDqT || p.bwd_rows_on_grid);
+  const int per_head = rows.per_head;
   const int n_iters = group * per_head;
 
   if (tid == 0) {
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 
   // Step it covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks inner,
   // from unit turns.rot() in the rotated deterministic order (DqTurns; p.det_rotate, not causal).
-  const BwdOrder order = bwd_order(p, cta, hkv * group, per_head, m_start, kBM, n_iters, kDet);
+  const BwdOrder order = bwd_order(p, cta, hkv * group, rows, kBM, n_iters, kDet);
   const DqTurns turns = order.turns;
   const BwdSteps steps = order.steps;
 
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // (steps.unit(0) > 0 only where per_head > 0)
   const int unit0 = steps.unit(0);
   int m_next = unit0 == 0 ? 0 : unit0 % per_head;  // steps.unit(it + 1) % per_head
-  int m0_next = (m_start + m_next) * kBM;
+  int m0_next = rows.first + m_next * kBM;
   int h_next = hkv * group + (unit0 == 0 ? 0 : unit0 / per_head);  // kBias: steps.h(it + 1), likewise
   // Backwards (steps.rev) the row block and head step down (constants but in the deterministic mode).
   const bool rev = kDet && steps.rev;
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       h_next += m_dir;
       if (h_next == hkv * group + group) h_next = hkv * group;  // the rotated order goes round
     }
-    m0_next = (m_start + m_next) * kBM;
+    m0_next = rows.first + m_next * kBM;
     // dQ(it - 2), stored to its staging tile at the end of step it - 1, handed to the producer's
     // reduction now: by here the stores have long completed, and the proxy fence does not wait for
     // them (right behind them it did: ncu, 7 % of the consumers' stall samples). Before the row

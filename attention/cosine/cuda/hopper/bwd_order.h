@@ -40,12 +40,30 @@ FLASHCOS_HD BwdCta bwd_cta(const BwdParams& p, unsigned block, int n_blocks, int
   return {band_idx * band + in_band % band_w, in_band / band_w, band_idx * band, band_w};
 }
 
+// The first query row of a key block's steps (from key n0 on) and their count per query head: row 0,
+// or with a causal mask the first row that sees key n0 (n0 - (J - I)); on_grid rounds it down to a
+// multiple of bm, where the steps must keep to the row-block grid (every instance but the plain
+// 80-row one: the deterministic mode's dQ units, and the 64 / 128-row steps, which the grid aligns
+// with the key blocks when J = I). Off the grid, a causal 80-row step no longer covers rows that see
+// none of the block's keys: the first step starts at the diagonal (at n 8192 1.1 % fewer steps).
+struct BwdRows {
+  int first, per_head;
+};
+FLASHCOS_HD BwdRows bwd_rows(const BwdParams& p, int n0, int bm, bool on_grid) {
+  int first = 0;
+  if (p.causal) {
+    first = n0 - (p.J - p.I);
+    if (first < 0) first = 0;
+    if (on_grid) first = first / bm * bm;
+  }
+  return {first, first < p.I ? (p.I - first + bm - 1) / bm : 0};
+}
+
 // Which query head and rows step `it` of a CTA covers: unit (it + rot) % n of the kv head's n units,
-// or unit n - 1 - it with rev, the kv head's query heads outer, row blocks of kBM inner, from row
-// block m_start (causal: the first with a key of this block). rot and rev are 0 but in the
-// deterministic orders (DqTurns).
+// or unit n - 1 - it with rev, the kv head's query heads outer, blocks of bm rows inner, from row
+// row0 (BwdRows::first). rot and rev are 0 but in the deterministic orders (DqTurns).
 struct BwdSteps {
-  int head0, per_head, m_start, bm, rot, n, rev;
+  int head0, per_head, row0, bm, rot, n, rev;
   FLASHCOS_HD int unit(int it) const {
     if (rev) return n - 1 - it;
     if (rot == 0) return it;
@@ -53,7 +71,7 @@ struct BwdSteps {
     return x >= n ? x - n : x;
   }
   FLASHCOS_HD int h(int it) const { return head0 + unit(it) / per_head; }
-  FLASHCOS_HD int m0(int it) const { return (m_start + unit(it) % per_head) * bm; }
+  FLASHCOS_HD int m0(int it) const { return row0 + unit(it) % per_head * bm; }
 };
 
 // Deterministic mode: the turn of this CTA (key block) in the fixed order of the adds into each dQ
@@ -85,16 +103,17 @@ struct DqTurns {
   }
 };
 
-// The kernel's turns and steps for a CTA (cta) whose n_iters steps cover per_head row blocks of bm
-// rows from m_start, for each query head from head0 (det: the kernel's deterministic instance).
+// The kernel's turns and steps for a CTA (cta) whose n_iters steps cover rows.per_head blocks of bm
+// rows from rows.first, for each query head from head0 (det: the kernel's deterministic instance).
 struct BwdOrder {
   DqTurns turns;
   BwdSteps steps;
 };
-FLASHCOS_HD BwdOrder bwd_order(const BwdParams& p, const BwdCta& cta, int head0, int per_head, int m_start, int bm,
+FLASHCOS_HD BwdOrder bwd_order(const BwdParams& p, const BwdCta& cta, int head0, const BwdRows& rows, int bm,
                                int n_iters, bool det) {
   const DqTurns turns{cta.band_first, cta.n_block - cta.band_first, det && p.det_rotate ? cta.band_w : 1, n_iters};
-  return {turns, BwdSteps{head0, per_head, m_start, bm, det ? turns.rot() : 0, n_iters, det && p.det_reverse ? 1 : 0}};
+  return {turns,
+          BwdSteps{head0, rows.per_head, rows.first, bm, det ? turns.rot() : 0, n_iters, det && p.det_reverse ? 1 : 0}};
 }
 
 // The knobs of choose_bwd_order; the launcher reads them from the environment (bwd_hopper.cuh).
