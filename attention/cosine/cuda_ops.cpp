@@ -284,7 +284,19 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   poison_if_requested(buf.dk);
   poison_if_requested(buf.dv);
 
-  const fc::BwdParams p = make_bwd_params(dout, q, k, v, o, lc, mask, bias, args, buf);
+  fc::BwdParams p = make_bwd_params(dout, q, k, v, o, lc, mask, bias, args, buf);
+  // The Hopper backward's split tail (hopper/bwd_split.h), where the launcher plans one: its dK / dV
+  // slots and zeroed counters.
+  int slot_floats = 0;
+  const int64_t slots = fc::run_bwd_split_slots(p, &slot_floats);
+  at::Tensor split_scratch, split_count;
+  if (slots > 0) {
+    split_scratch = at::empty({slots * slot_floats}, q.options().dtype(at::kFloat));
+    split_count = at::zeros({slots}, q.options().dtype(at::kInt));
+    p.split_scratch = split_scratch.data_ptr<float>();
+    p.split_count = split_count.data_ptr<int>();
+    p.split_slots = slots;
+  }
   C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
 
   BackwardResult r;

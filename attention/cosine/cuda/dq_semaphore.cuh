@@ -41,8 +41,8 @@ __device__ __forceinline__ void dq_unit_wait(const int* counter, int target, uns
   }
 }
 
-__device__ __forceinline__ void dq_unit_done(int* counter) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+__device__ __forceinline__ void dq_unit_done(int* counter, int count = 1) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(counter), "r"(count) : "memory");
 }
 
 }  // namespace flashcos::cuda

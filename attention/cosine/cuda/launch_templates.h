@@ -20,6 +20,8 @@ cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream);  // hopp
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream);  // hopper/bwd_hopper.cuh; cudaErrorNotSupported: use launch_bwd
 template <typename T, int D>
+int64_t hopper_bwd_split_slots(const BwdParams& p);  // hopper/bwd_hopper.cuh: the split tail's pieces (0: none)
+template <typename T, int D>
 cudaError_t launch_simt_fwd(const FwdParams& p, cudaStream_t stream);  // simt_kernels.cuh
 template <typename T, int D>
 cudaError_t launch_simt_bwd(const BwdParams& p, cudaStream_t stream);  // simt_kernels.cuh

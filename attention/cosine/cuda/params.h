@@ -109,6 +109,16 @@ struct BwdParams : CommonParams {
   // 2026-11-28 (FLASHCOS_HOPPER_BWD_ROW_GRID=1, a comparison variant), instead of from the first row
   // that sees the key block (hopper::bwd_rows). Set by its launcher.
   bool bwd_rows_on_grid = false;
+  // The Hopper backward's split tail (hopper::choose_bwd_split; plain, not causal): CTAs from index
+  // split_first on each run one of split_pieces shares of a (key block, kv head)'s steps; the one
+  // that finishes last adds the others' dK / dV parts (split_scratch: split_pieces slots of 256 x D
+  // floats per split block) to its own, in piece order, and stores them. split_count: a counter per
+  // split block, zeroed by the caller. Set by its launcher (none: split_first past the grid).
+  int split_first = 0x7fffffff;
+  int split_pieces = 1;
+  float* split_scratch = nullptr;  // given by the caller: split_slots slots (run_bwd_split_slots)
+  int* split_count = nullptr;
+  int64_t split_slots = 0;
   // Deterministic dq on the Hopper backward (its kFixed instance), or nullptr: (B, H, I) float, row
   // i's constant c_i = 1.5 * 2^(u_i + 23), written by the delta kernel from dq_grid_kv ((B, Hkv, 2)
   // uint32, zeroed by the caller, filled by the launcher's K / V maxima kernel; dq_grid.cuh). Each
@@ -147,6 +157,10 @@ int64_t hopper_bwd_launches();
 int64_t hopper_launches();
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+// The pieces of the Hopper backward's split tail for params (0: none; hopper/bwd_split.h): the caller
+// gives run_bwd split_slots slots of *slot_floats floats (split_scratch) and as many zeroed int
+// counters (split_count), or runs it without the split.
+int64_t run_bwd_split_slots(const BwdParams& params, int* slot_floats);
 // The deterministic mode's dQ grid alone (dq_grid.cuh; fp16 / bf16): params.dq_grid from dout, k, v,
 // scale and the zeroed params.dq_grid_kv. For tests.
 cudaError_t run_dq_grid(const BwdParams& params, cudaStream_t stream);

@@ -54,6 +54,42 @@ inline bool hopper_bwd_rows_on_grid() {
   return on;
 }
 
+// Which kernel (FLASHCOS_HOPPER_BWD, read once): "ws" (default) dQ added by the producer's TMA
+// reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-serial" the default
+// with the deterministic mode's counter polled only once the consumer's tile is there (kDetAhead
+// off; the default until 2026-11-26). Timings of each: docs/performance.md section 1 and
+// docs/kernels-tried.md, "Timings of the versions".
+enum class HopperBwdKind { kTma, kAtomic, kTmaDetSerial };
+inline HopperBwdKind hopper_bwd_kind() {
+  static const HopperBwdKind kind = [] {
+    const char* env = std::getenv("FLASHCOS_HOPPER_BWD");
+    const std::string s = env != nullptr ? env : "";
+    return s == "ws-atomic" ? HopperBwdKind::kAtomic
+           : s == "ws-det-serial" ? HopperBwdKind::kTmaDetSerial
+                                  : HopperBwdKind::kTma;
+  }();
+  return kind;
+}
+
+// FLASHCOS_HOPPER_BWD_SPLIT=0 (read once): no split tail (hopper/bwd_split.h), for comparisons.
+inline bool hopper_bwd_split_enabled() {
+  static const bool on = env_switch_on("FLASHCOS_HOPPER_BWD_SPLIT");
+  return on;
+}
+
+// The split tail (hopper/bwd_split.h) of the plain backward's default kind without a causal mask, in
+// steps of bm query rows, on sms SMs; none otherwise. At most 2 x sms pieces: their dK / dV slots
+// (BwdParams::split_scratch) take 256 x 128 floats each at d 128, 33 MiB on 132 SMs.
+inline hopper::BwdSplit hopper_bwd_split(const BwdParams& p, int bm, int sms) {
+  if (!hopper_bwd_split_enabled() || p.causal || p.bias != nullptr || p.dq_semaphore != nullptr ||
+      hopper_bwd_kind() != HopperBwdKind::kTma) {
+    return {};
+  }
+  const int64_t blocks = int64_t((p.J + 127) / 128) * p.Hkv * p.B;  // 128 keys a CTA (BwdWsTile::kBN)
+  const int steps = (p.H / p.Hkv) * ((p.I + bm - 1) / bm);
+  return hopper::choose_bwd_split(blocks, steps, sms, 2 * int64_t(sms));
+}
+
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
 template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
@@ -99,6 +135,20 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
     banded.bwd_rows_on_grid = hopper_bwd_rows_on_grid();
+    // The split tail, where the caller gave the slots for it (hopper_bwd_split_slots).
+    int64_t grid = blocks;
+    banded.split_first = INT32_MAX;
+    banded.split_pieces = 1;
+    if constexpr (kTmaDq && kDetAhead) {
+      const hopper::BwdSplit split = fixed ? hopper::BwdSplit{} : hopper_bwd_split(p, BM, sms);
+      if (split.units > 0 && p.split_scratch != nullptr && p.split_count != nullptr &&
+          int64_t(split.units) * split.pieces <= p.split_slots) {
+        banded.split_first = int(blocks - split.units);
+        banded.split_pieces = split.pieces;
+        grid += int64_t(split.units) * (split.pieces - 1);
+        if (grid > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
+      }
+    }
     auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
     if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
       if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;
@@ -126,9 +176,10 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     const bool counted = kTmaDq && p.dq_out != nullptr && p.dq_done != nullptr;
     if (!counted) banded.dq_done = nullptr;
     const cudaError_t run =
-        launch_with_smem(kernel, dim3(unsigned(blocks)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
+        launch_with_smem(kernel, dim3(unsigned(grid)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
     if (run != cudaSuccess || p.dq_out == nullptr) return run;
-    return launch_dq_finish<T>(banded, counted ? int(2 * key_blocks) : 0, stream);
+    // A whole block counts split_pieces per dQ warp, a piece 1 (bwd_dq_reduce).
+    return launch_dq_finish<T>(banded, counted ? int(2 * key_blocks * banded.split_pieces) : 0, stream);
   }
 }
 
@@ -141,23 +192,6 @@ constexpr int hopper_bwd_rows(int variant) {
   return D == 64 && variant != 1 ? 128 : 64;
 }
 
-// Which kernel (FLASHCOS_HOPPER_BWD, read once): "ws" (default) dQ added by the producer's TMA
-// reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-serial" the default
-// with the deterministic mode's counter polled only once the consumer's tile is there (kDetAhead
-// off; the default until 2026-11-26). Timings of each: docs/performance.md section 1 and
-// docs/kernels-tried.md, "Timings of the versions".
-enum class HopperBwdKind { kTma, kAtomic, kTmaDetSerial };
-inline HopperBwdKind hopper_bwd_kind() {
-  static const HopperBwdKind kind = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_BWD");
-    const std::string s = env != nullptr ? env : "";
-    return s == "ws-atomic" ? HopperBwdKind::kAtomic
-           : s == "ws-det-serial" ? HopperBwdKind::kTmaDetSerial
-                                  : HopperBwdKind::kTma;
-  }();
-  return kind;
-}
-
 // Whether the d 128 backward takes 80-row steps (BwdWsTile::kDqT: 25 % more work per step for
 // the same K / V operands, dQ^T by the consumers' column halves) instead of 64: the plain instance
 // (not deterministic, no bias), causal or not. H100 run AA1 (b4 h8, backward TFLOP/s, three
@@ -168,6 +202,24 @@ inline HopperBwdKind hopper_bwd_kind() {
 inline bool hopper_bwd_80_rows(const BwdParams& p) {
   static const bool rows_64 = env_count("FLASHCOS_HOPPER_BWD_ROWS", 80) == 64;
   return !rows_64 && p.dq_semaphore == nullptr && p.bias == nullptr;
+}
+
+// Query rows per step of the backward that launch_bwd_hopper runs for p.
+template <int D>
+int hopper_bwd_step_rows(const BwdParams& p) {
+  if (D == 128 && hopper_bwd_kind() == HopperBwdKind::kTma && hopper_bwd_80_rows(p)) return 80;
+  static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
+  return hopper_bwd_rows<D>(variant);
+}
+
+// The pieces of p's split tail (0: none), each a slot of 256 x D floats in BwdParams::split_scratch
+// and a counter in split_count, for the caller to allocate (run_bwd_split_slots, launch.cu).
+template <typename T, int D>  // T: one instantiation per generated file (hopper/CMakeLists.txt)
+int64_t hopper_bwd_split_slots(const BwdParams& p) {
+  int sms = 0;
+  if (current_device_sm_count(&sms) != cudaSuccess) return 0;
+  const hopper::BwdSplit split = hopper_bwd_split(p, hopper_bwd_step_rows<D>(p), sms);
+  return int64_t(split.units) * split.pieces;
 }
 
 // The delta kernel and the backward, or cudaErrorNotSupported (nothing ran) where the TMA unit

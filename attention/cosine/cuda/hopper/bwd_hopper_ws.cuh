@@ -58,6 +58,8 @@
 // key-block order, or rotated inside a band; it waits on the unit's counter before the reduction
 // and counts the unit once the reduction has completed); without it the consumers order their
 // atomics.
+// Split tail (bwd_split.h; the plain instance without a causal mask): the grid's last blocks run as
+// pieces over shares of their steps, whose dK / dV meet in p.split_scratch (split_gather).
 // With p.dq_done each dQ warp counts its completed adds per (b, kv head) at the end, and the CTAs
 // let the launcher's dq_finish_kernel (dq_finish.cuh) launch as they start: it converts each head's
 // dQ to 16 bits on the SMs the last wave leaves idle.
@@ -101,6 +103,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T
   // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).
   constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;
+  // The split tail (bwd_split.h): the plain instance only.
+  constexpr bool kMaySplit = kTmaDq && !kDet && !kBias && !kFixed;
 
   // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
   // counts, p.dq_done, and runs on the SMs the last wave leaves idle).
@@ -129,7 +133,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0);
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
-  const BwdCta cta = bwd_cta(p, blockIdx.x, n_blocks, heads_batches);
+  // A piece of a split block takes a share of its steps (bwd_split.h); every other CTA all of them.
+  const BwdPiece piece = kMaySplit ? bwd_piece(p, blockIdx.x) : BwdPiece{int(blockIdx.x), 0, 1, -1};
+  const BwdCta cta = bwd_cta(p, unsigned(piece.block), n_blocks, heads_batches);
   const int n_block = cta.n_block, hb = cta.hb;
   // kBias with an (H, I, J) bias: batch fastest, so that the CTAs of one (key block, head) run side
   // by side and their bias loads and dbias reductions meet in L2 (with band 1, choose_bwd_order).
@@ -142,7 +148,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // The steps' first row: on the kBM-row grid but in the plain 80-row instance (bwd_rows).
   const BwdRows rows = bwd_rows(p, n0, kBM, !kDqT || p.bwd_rows_on_grid);
   const int per_head = rows.per_head;
-  const int n_iters = group * per_head;
+  const int n_iters = group * per_head;  // the block's steps
+  const int step0 = bwd_piece_first(n_iters, piece.piece, piece.pieces);
+  const int n_steps = bwd_piece_first(n_iters, piece.piece + 1, piece.pieces) - step0;  // this CTA's
 
   if (tid == 0) {
 #pragma unroll
@@ -169,18 +177,20 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // from unit turns.rot() in the rotated deterministic order (DqTurns; p.det_rotate, not causal).
   const BwdOrder order = bwd_order(p, cta, hkv * group, rows, kBM, n_iters, kDet);
   const DqTurns turns = order.turns;
-  const BwdSteps steps = order.steps;
+  BwdSteps piece_steps = order.steps;
+  if (kMaySplit) piece_steps.rot = step0;  // a piece starts at its first step (rot is 0 here otherwise)
+  const BwdSteps steps = piece_steps;
 
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
     // its registers away.
     regs_dealloc<Tile::kProducerRegs>();
     if (kTmaDq && (warp == 1 || warp == 2) && lane == 0) {
-      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, hkv, turns, n_iters,
+      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, hkv, turns, n_steps,
                                            steps);
     } else if (warp == 0) {
       bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_full, bar_empty, lane, n0, hkv,
-                                    b, n_iters, steps);
+                                    b, n_steps, steps);
     }
     return;
   }
@@ -569,10 +579,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     }
     load_grid(m0, h);  // kFixed: this step's rows, flushed in the next step
   };
-  if (n_iters > 0) run_step(0, std::false_type{});
-  for (int it = 1; it < n_iters; ++it) run_step(it, std::true_type{});
-  if (n_iters > 0) {
-    const int last = n_iters - 1;
+  if (n_steps > 0) run_step(0, std::false_type{});
+  for (int it = 1; it < n_steps; ++it) run_step(it, std::true_type{});
+  if (n_steps > 0) {
+    const int last = n_steps - 1;
     mbar_wait(bar_ds_full + (last & 1), (last >> 1) & 1);
     wgmma_fence();
     issue_dq(last);
@@ -585,6 +595,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (kDet && !kTmaDq) count_unit(last);
   }
 
+  if constexpr (kMaySplit) {
+    // A piece: its parts to its slot; the piece that counts last sums every piece's and stores them.
+    // (The piece found again from the block index, not kept in registers through the loop.)
+    const BwdPiece tail = bwd_piece(p, blockIdx.x);
+    if (tail.pieces > 1 && !split_gather<D>(p, tail, rdK, rdV, tid - 128, reinterpret_cast<int*>(sRowC))) return;
+  }
   store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);
 #endif
 }

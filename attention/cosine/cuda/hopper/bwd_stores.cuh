@@ -2,13 +2,16 @@
 //   stage_dq_rows / stage_dq_transposed  their dQ part of a step into a staging tile, which the
 //     producer's dQ warp adds to the fp32 accumulator by TMA reductions (bwd_producer.cuh,
 //     bwd_dq_reduce);
-//   store_dk_dv  dK and dV of their 64 keys, once, from the registers that summed them.
+//   store_dk_dv  dK and dV of their 64 keys, once, from the registers that summed them;
+//   split_gather a piece of a split block (bwd_split.h): its dK / dV parts to its slot, and in the
+//     piece that counts last the sum of every piece's.
 // The staging tile is two SW128 boxes of Tile::kDqRows rows x 32 fp32 columns: row r's
 // 16-byte chunk c at r 128 + (c ^ (r % 8)) 16, the layout of the accumulator's tensor map
 // (make_f32_sw128_map). The wgmma accumulator layout (wgmma.cuh): d[4 j + 2 e0 + h] is row
 // 16 warp + g + 8 e0, column 8 j + 2 t + h (g = lane / 4, t = lane % 4).
 #pragma once
 
+#include "attention/cosine/cuda/hopper/bwd_split.h"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/params.h"
 
@@ -82,6 +85,43 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
       *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);
     }
   }
+}
+
+// A piece of a split block (bwd_split.h), the 256 consumer threads (ctid = tid - 128): its dK / dV
+// parts (fp32, unscaled) to its slot of p.split_scratch (float i of thread ctid at i 256 + ctid: the
+// warps' stores and loads coalesced), then one count on the block's counter (the pattern of CUDA's
+// threadFenceReduction sample: stores, __threadfence, barrier, atomic). False for every piece but the
+// one that counted last; in that one rdK / rdV become the sum of the pieces' slots in piece order
+// (its own read back, as this thread stored it), so that the sum does not depend on which piece
+// finished last. `flag`: an int of shared memory the consumers no longer use.
+template <int D>
+__device__ __forceinline__ bool split_gather(const BwdParams& p, const BwdPiece& piece, float (&rdK)[D / 2],
+                                             float (&rdV)[D / 2], int ctid, int* flag) {
+  constexpr int kSlot = 256 * D;
+  float* slots = p.split_scratch + int64_t(piece.slot) * piece.pieces * kSlot + ctid;
+  float* mine = slots + int64_t(piece.piece) * kSlot;
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    mine[i * 256] = rdK[i];
+    mine[(D / 2 + i) * 256] = rdV[i];
+  }
+  __threadfence();
+  named_bar_sync<4, 256>();
+  if (ctid == 0) *flag = atomicAdd(p.split_count + piece.slot, 1);
+  named_bar_sync<4, 256>();
+  if (*reinterpret_cast<volatile int*>(flag) != piece.pieces - 1) return false;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    float k = __ldcg(slots + i * 256), v = __ldcg(slots + (D / 2 + i) * 256);
+    for (int j = 1; j < piece.pieces; ++j) {
+      k += __ldcg(slots + int64_t(j) * kSlot + i * 256);
+      v += __ldcg(slots + int64_t(j) * kSlot + (D / 2 + i) * 256);
+    }
+    rdK[i] = k;
+    rdV[i] = v;
+  }
+  return true;
 }
 
 }  // namespace flashcos::cuda::hopper

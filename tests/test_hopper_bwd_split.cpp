@@ -1,0 +1,113 @@
+// The Hopper backward's split tail (attention/cosine/cuda/hopper/bwd_split.h), on the CPU, no GPU
+// needed: the plan against the greedy schedule it models (checked here by a second, independent
+// simulation), and the pieces of a split grid covering every block's steps once. The kernel's
+// results with a split tail: the attention grid's small cases, which the plan splits (GPU tests).
+#include <gtest/gtest.h>
+
+#ifdef FLASHCOS_WITH_CUDA
+#include "attention/cosine/cuda/hopper/bwd_split.h"
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+#ifdef FLASHCOS_WITH_CUDA
+using flashcos::cuda::BwdParams;
+using namespace flashcos::cuda::hopper;
+
+// The schedule written again: CTA by CTA in grid order, each to the SM that comes free first.
+int64_t schedule(int64_t ctas, int steps, int sms, const BwdSplit& split) {
+  std::vector<int64_t> free_at(sms, 0);
+  const int64_t whole = ctas - split.units;
+  const int64_t n = whole + int64_t(split.units) * split.pieces;
+  for (int64_t c = 0; c < n; ++c) {
+    const bool is_piece = c >= whole;
+    const int64_t cost = (is_piece ? (steps + split.pieces - 1) / split.pieces : steps) + kBwdSplitCostSteps;
+    auto it = std::min_element(free_at.begin(), free_at.end());
+    *it += cost;
+  }
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+TEST(HopperBwdSplit, PlanIsSoonerThanNoSplitAndWithinItsLimits) {
+  struct Case {
+    int64_t ctas;
+    int steps, sms;
+  };
+  // b4 h8 n 8192 / 16384 d 128 (80-row steps), the same at d 64 (128-row steps), exact waves,
+  // small grids, a 1-step block and odd SM counts.
+  const Case cases[] = {{2048, 103, 132}, {4096, 206, 132}, {2048, 64, 132}, {4096, 128, 132}, {2112, 103, 132},
+                        {32, 4, 132},     {16, 13, 132},    {3, 1, 132},     {1, 1000, 132},  {1000, 7, 114},
+                        {777, 63, 78},    {256, 13, 132}};
+  int split_some = 0;
+  for (const Case& c : cases) {
+    const int64_t max_slots = 2 * int64_t(c.sms);
+    const BwdSplit s = choose_bwd_split(c.ctas, c.steps, c.sms, max_slots);
+    const int64_t none = schedule(c.ctas, c.steps, c.sms, BwdSplit{});
+    EXPECT_EQ(bwd_split_makespan(c.ctas, c.steps, c.sms, 0, 1), none) << c.ctas << " x " << c.steps;
+    if (s.units == 0) {
+      EXPECT_EQ(s.pieces, 1);
+      continue;
+    }
+    ++split_some;
+    EXPECT_GE(s.pieces, 2);
+    EXPECT_LE(s.pieces, kBwdSplitMaxPieces);
+    EXPECT_LE(int64_t(s.units) * s.pieces, max_slots);
+    EXPECT_LE(s.units, c.ctas);
+    EXPECT_GE(c.steps / s.pieces, kBwdSplitMinSteps) << c.ctas << " x " << c.steps;
+    const int64_t with = schedule(c.ctas, c.steps, c.sms, s);
+    EXPECT_EQ(bwd_split_makespan(c.ctas, c.steps, c.sms, s.units, s.pieces), with);
+    EXPECT_LE(with * 100, none * 99) << c.ctas << " x " << c.steps << ": a split that saves under 1 %";
+  }
+  EXPECT_GE(split_some, 4);
+  // A grid of whole waves gains nothing from a split; a few blocks on many SMs gain most.
+  EXPECT_EQ(choose_bwd_split(2112, 103, 132, 264).units, 0);
+  EXPECT_EQ(choose_bwd_split(16, 13, 132, 264).units, 16);
+  // The same answer from the cache.
+  const BwdSplit a = choose_bwd_split(2048, 103, 132, 264), b = choose_bwd_split(2048, 103, 132, 264);
+  EXPECT_EQ(a.units, b.units);
+  EXPECT_EQ(a.pieces, b.pieces);
+}
+
+TEST(HopperBwdSplit, PiecesCoverEveryBlocksStepsOnce) {
+  for (const int64_t ctas : {1, 5, 68, 200}) {
+    for (const int pieces : {2, 3, 8}) {
+      for (const int steps : {16, 17, 103}) {
+        BwdParams p;
+        const int units = int(std::min<int64_t>(ctas, 7));
+        p.split_first = int(ctas - units);
+        p.split_pieces = pieces;
+        const int64_t grid = ctas - units + int64_t(units) * pieces;
+        std::vector<std::vector<int>> covered(ctas, std::vector<int>(steps, 0));
+        std::vector<int> slot_pieces(units, 0);
+        for (int64_t x = 0; x < grid; ++x) {
+          const BwdPiece pc = bwd_piece(p, unsigned(x));
+          ASSERT_TRUE(pc.block >= 0 && pc.block < ctas);
+          if (x < p.split_first) {
+            ASSERT_EQ(pc.pieces, 1);
+            ASSERT_EQ(pc.slot, -1);
+          } else {
+            ASSERT_EQ(pc.pieces, pieces);
+            ASSERT_EQ(pc.slot, pc.block - p.split_first);
+            ++slot_pieces[pc.slot];
+          }
+          const int first = bwd_piece_first(steps, pc.piece, pc.pieces);
+          const int end = bwd_piece_first(steps, pc.piece + 1, pc.pieces);
+          ASSERT_LT(first, end) << "a piece without steps";
+          for (int s = first; s < end; ++s) ++covered[pc.block][s];
+        }
+        for (int64_t c = 0; c < ctas; ++c)
+          for (int s = 0; s < steps; ++s) ASSERT_EQ(covered[c][s], 1) << "block " << c << " step " << s;
+        for (int u = 0; u < units; ++u) EXPECT_EQ(slot_pieces[u], pieces);
+      }
+    }
+  }
+}
+#else
+TEST(HopperBwdSplit, NeedsTheCudaBuild) { GTEST_SKIP() << "built without CUDA"; }
+#endif
+
+}  // namespace
