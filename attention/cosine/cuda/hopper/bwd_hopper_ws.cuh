@@ -49,20 +49,14 @@
 //   ds_full[b]   the 256 consumer threads stored step it's dS^T into buffer b = it % 2
 //   ds_empty[b]  the 8 consumer warps whose dQ(it) MMA read it (it is rewritten in step it + 2)
 //   dq_full[c] / dq_empty[c]   kTmaDq: consumer c stored its dQ part / the reduction has read it
-// Deterministic mode, two ways. kFixed (the default where the launcher gets p.dq_grid: the cosine
-// kind): each consumer rounds its dQ part of row i to a multiple of the row's unit, (x + c_i) -
-// c_i, chosen so that every partial sum of the row is exact in fp32 (attention/cosine/dq_grid.h):
-// the TMA reductions then give the same sum in any order, and it is otherwise the plain kernel, in
-// its order, with no waits. kDet (the exp kind, and FLASHCOS_DQ_GRID=0; dq_semaphore.cuh): with
-// kTmaDq the producer's dQ warp keeps a fixed order of the adds into each dQ unit (DqTurns:
-// key-block order, or rotated inside a band; it waits on the unit's counter before the reduction
-// and counts the unit once the reduction has completed); without it the consumers order their
-// atomics.
-// Split tail (bwd_split.h; the plain instance without a causal mask): the grid's last blocks run as
-// pieces over shares of their steps, whose dK / dV meet in p.split_scratch (split_gather).
-// With p.dq_done each dQ warp counts its completed adds per (b, kv head) at the end, and the CTAs
-// let the launcher's dq_finish_kernel (dq_finish.cuh) launch as they start: it converts each head's
-// dQ to 16 bits on the SMs the last wave leaves idle.
+// Deterministic mode: kFixed (the cosine kind, where the launcher gets p.dq_grid) rounds each
+// consumer's dQ part of row i to the row's grid, (x + c_i) - c_i, so that the TMA reductions give
+// the same sum in any order (attention/cosine/dq_grid.h); kDet (the exp kind, FLASHCOS_DQ_GRID=0)
+// adds into each dQ unit in a fixed order (DqTurns, bwd_order.h; dq_semaphore.cuh).
+// Split tail (bwd_split.h; plain, not causal): the grid's last blocks run as pieces over shares of
+// their steps, whose dK / dV meet in p.split_scratch (split_gather). With p.dq_done each dQ warp
+// counts its adds per (b, kv head) at the end, so that dq_finish_kernel (dq_finish.cuh), launched as
+// the CTAs start, converts each head's dQ to 16 bits on the SMs the last wave leaves idle.
 // Timings of every version: docs/kernels-tried.md, "Timings of the versions".
 #pragma once
 
