@@ -135,12 +135,13 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
     banded.bwd_rows_on_grid = hopper_bwd_rows_on_grid();
-    // The split tail, where the caller gave the slots for it (hopper_bwd_split_slots).
+    // The split tail, where the caller gave the slots for it (hopper_bwd_split_slots; none in the
+    // deterministic mode: hopper_bwd_split).
     int64_t grid = blocks;
-    banded.split_first = INT32_MAX;
+    banded.split_first = INT32_MAX;  // launcher-owned, as the order fields above
     banded.split_pieces = 1;
     if constexpr (kTmaDq && kDetAhead) {
-      const hopper::BwdSplit split = fixed ? hopper::BwdSplit{} : hopper_bwd_split(p, BM, sms);
+      const hopper::BwdSplit split = hopper_bwd_split(p, BM, sms);
       if (split.units > 0 && p.split_scratch != nullptr && p.split_count != nullptr &&
           int64_t(split.units) * split.pieces <= p.split_slots) {
         banded.split_first = int(blocks - split.units);
@@ -204,12 +205,17 @@ inline bool hopper_bwd_80_rows(const BwdParams& p) {
   return !rows_64 && p.dq_semaphore == nullptr && p.bias == nullptr;
 }
 
-// Query rows per step of the backward that launch_bwd_hopper runs for p.
+// The tile variant (FLASHCOS_HOPPER_BWD_VARIANT in tuning builds, read once; 0 otherwise).
+inline int hopper_bwd_variant() {
+  static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
+  return variant;
+}
+
+// Query rows per step of the backward that launch_bwd_hopper runs for p (the one place that decides).
 template <int D>
 int hopper_bwd_step_rows(const BwdParams& p) {
   if (D == 128 && hopper_bwd_kind() == HopperBwdKind::kTma && hopper_bwd_80_rows(p)) return 80;
-  static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
-  return hopper_bwd_rows<D>(variant);
+  return hopper_bwd_rows<D>(hopper_bwd_variant());
 }
 
 // The pieces of p's split tail (0: none), each a slot of 256 x D floats in BwdParams::split_scratch
@@ -227,11 +233,9 @@ int64_t hopper_bwd_split_slots(const BwdParams& p) {
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
   if constexpr (D == 128) {
-    if (hopper_bwd_kind() == HopperBwdKind::kTma && hopper_bwd_80_rows(p)) {
-      return launch_bwd_hopper_ws<T, 128, 80, true, true>(p, stream);
-    }
+    if (hopper_bwd_step_rows<D>(p) == 80) return launch_bwd_hopper_ws<T, 128, 80, true, true>(p, stream);
   }
-  [[maybe_unused]] static const int variant = tuning_variant("FLASHCOS_HOPPER_BWD_VARIANT");
+  [[maybe_unused]] const int variant = hopper_bwd_variant();
   return FLASHCOS_VARIANT_SWITCH(variant, kV, [&] {
     constexpr int kBM = hopper_bwd_rows<D>(kV);
     switch (hopper_bwd_kind()) {
