@@ -19,6 +19,9 @@
 #include <flashcos/attention.h>
 #include "attention/cosine/core.h"
 #include "tests/attention_test_util.h"
+#ifdef FLASHCOS_WITH_CUDA
+#include "attention/cosine/cuda/params.h"  // run_fwd_split_slots
+#endif
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -445,6 +448,57 @@ TEST_F(FusedAttentionMisc, CoreRowSumsOnlineWithBias) {
     const at::Tensor j = at::arange(300, at::TensorOptions().device(at::kCUDA)).view({1, 300});
     const at::Tensor l = (at::exp(s * 10 - 10 + bias.to(at::kDouble)) * (j <= i + 230)).sum(-1);
     EXPECT_LE(rel_err(r.l, l), 1e-5) << "d " << D;
+  }
+}
+
+// The Hopper forward's split tail (hopper/split_tail.h; d 64 tiles, no causal mask, no bias, the fixed
+// offset): on a grid of 36 .. 48 CTAs of 12 key blocks the plan runs every block as pieces (asserted
+// on an H100; d 128 does not split), whose unnormalised O and row sums the last piece adds. o and l
+// against float64, with a key mask that empties batch 1's rows (o and l exactly 0 there), and
+// bit-identical twice.
+TEST_F(FusedAttentionMisc, ForwardSplitTailMatchesFloat64) {
+  at::manual_seed(47);
+  const int64_t B = 2, H = 3, I = 1000, J = 1500;
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    for (int64_t D : {32, 64, 128}) {
+      const auto opts = at::TensorOptions().dtype(dt).device(at::kCUDA);
+      const at::Tensor q = flashcos::l2norm(at::randn({B, H, I, D}, opts));
+      const at::Tensor k = flashcos::l2norm(at::randn({B, H, J, D}, opts));
+      const at::Tensor v = at::randn({B, H, J, D}, opts);
+      at::Tensor mask = at::rand({B, J}, opts.dtype(at::kFloat)) < 0.7;
+      mask.select(0, 1).fill_(false);  // batch 1 sees no key
+#ifdef FLASHCOS_WITH_CUDA
+      if (hopper_family_expected()) {
+        flashcos::cuda::FwdParams p;
+        p.dtype = dt == at::kHalf ? flashcos::cuda::DType::kHalf : flashcos::cuda::DType::kBFloat16;
+        p.B = int(B), p.H = int(H), p.Hkv = int(H), p.I = int(I), p.J = int(J), p.D = int(D);
+        p.mask = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());  // a key mask (any pointer)
+        int slot_floats = 0;
+        const int64_t slots = flashcos::cuda::run_fwd_split_slots(p, &slot_floats);
+        if (D <= 64) {
+          EXPECT_GT(slots, 0) << "no split planned, d " << D;
+          EXPECT_GT(slot_floats, 0);
+        } else {
+          EXPECT_EQ(slots, 0) << "d 128 planned a split";
+        }
+      }
+#endif
+      flashcos::detail::CoreArgs args;
+      const auto r = flashcos::detail::fused_forward(q, k, v, mask, {}, args);
+      const auto again = flashcos::detail::fused_forward(q, k, v, mask, {}, args);
+      ASSERT_TRUE(r.l.defined());
+      EXPECT_TRUE(at::equal(r.o, again.o) && at::equal(r.l, again.l)) << dtype_name(dt) << " d " << D << ": not repeatable";
+      const at::Tensor keep = mask.to(at::kDouble).view({B, 1, 1, J});
+      const at::Tensor s = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-1, -2));
+      const at::Tensor pr = at::exp(s * 10 - 10) * keep;
+      const at::Tensor l = pr.sum(-1);
+      const at::Tensor o = at::matmul(pr, v.to(at::kDouble)) / l.clamp_min(1e-300).unsqueeze(-1);
+      const at::Tensor seen = r.o.select(0, 0), empty_o = r.o.select(0, 1), empty_l = r.l.select(0, 1);
+      EXPECT_LE(rel_err(seen, o.select(0, 0)), dtype_eps(dt)) << dtype_name(dt) << " d " << D << " o";
+      EXPECT_LE(rel_err(r.l.select(0, 0), l.select(0, 0)), 1e-5) << dtype_name(dt) << " d " << D << " l";
+      EXPECT_EQ(empty_o.abs().max().item<float>(), 0.f) << "rows without keys: o not 0";
+      EXPECT_EQ(empty_l.abs().max().item<float>(), 0.f) << "rows without keys: l not 0";
+    }
   }
 }
 

@@ -15,6 +15,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <utility>
+
 
 #ifdef FLASHCOS_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -200,6 +202,20 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
   return p;
 }
 
+// The Hopper kernels' split tail (hopper/split_tail.h), where the launcher plans one for p (fc::FwdParams
+// or fc::BwdParams): `slots` slots of slot_floats floats and as many zeroed counters, set in p; the
+// tensors returned keep them alive until the launch is queued.
+template <typename Params>
+std::pair<at::Tensor, at::Tensor> give_split_slots(Params& p, int64_t slots, int slot_floats, const at::Tensor& like) {
+  if (slots <= 0) return {};
+  at::Tensor scratch = at::empty({slots * slot_floats}, like.options().dtype(at::kFloat));
+  at::Tensor count = at::zeros({slots}, like.options().dtype(at::kInt));
+  p.split_scratch = scratch.data_ptr<float>();
+  p.split_count = count.data_ptr<int>();
+  p.split_slots = slots;
+  return {scratch, count};
+}
+
 }  // namespace
 
 ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -218,7 +234,10 @@ ForwardResult fused_forward(const at::Tensor& q_in, const at::Tensor& k_in, cons
   if (!args.exp_kind) l = at::empty({B, H, I}, q.options().dtype(acc));  // (B, H, I)
   poison_if_requested(o);
   poison_if_requested(l);
-  const fc::FwdParams p = make_fwd_params(q, k, v, mask, bias, args, o, l);
+  fc::FwdParams p = make_fwd_params(q, k, v, mask, bias, args, o, l);
+  int slot_floats = 0;
+  const int64_t slots = fc::run_fwd_split_slots(p, &slot_floats);
+  const auto split = give_split_slots(p, slots, slot_floats, q);  // the split tail's slots, if planned
   C10_CUDA_CHECK(fc::run_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {o, l};
 }
@@ -285,18 +304,9 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
   poison_if_requested(buf.dv);
 
   fc::BwdParams p = make_bwd_params(dout, q, k, v, o, lc, mask, bias, args, buf);
-  // The Hopper backward's split tail (hopper/bwd_split.h), where the launcher plans one: its dK / dV
-  // slots and zeroed counters.
   int slot_floats = 0;
   const int64_t slots = fc::run_bwd_split_slots(p, &slot_floats);
-  at::Tensor split_scratch, split_count;
-  if (slots > 0) {
-    split_scratch = at::empty({slots * slot_floats}, q.options().dtype(at::kFloat));
-    split_count = at::zeros({slots}, q.options().dtype(at::kInt));
-    p.split_scratch = split_scratch.data_ptr<float>();
-    p.split_count = split_count.data_ptr<int>();
-    p.split_slots = slots;
-  }
+  const auto split = give_split_slots(p, slots, slot_floats, q);  // the split tail's dK / dV slots, if planned
   C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
 
   BackwardResult r;

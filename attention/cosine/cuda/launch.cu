@@ -164,6 +164,22 @@ int64_t run_bwd_split_slots(const BwdParams& p, int* slot_floats) {
   return 0;
 }
 
+int64_t run_fwd_split_slots(const FwdParams& p, int* slot_floats) {
+  *slot_floats = 0;
+  if (!supports_head_dim(p.D) || p.B == 0 || p.H == 0 || p.I == 0 || p.J == 0) return 0;
+#ifdef FLASHCOS_HAS_HOPPER
+  if (pick_family(p, hopper_covers_fwd(p)) == Family::kHopper) {
+    if (p.dtype == DType::kHalf) {
+      return p.D <= 64 ? hopper_fwd_split_slots<__half, 64>(p, slot_floats)
+                       : hopper_fwd_split_slots<__half, 128>(p, slot_floats);
+    }
+    return p.D <= 64 ? hopper_fwd_split_slots<__nv_bfloat16, 64>(p, slot_floats)
+                     : hopper_fwd_split_slots<__nv_bfloat16, 128>(p, slot_floats);
+  }
+#endif
+  return 0;
+}
+
 cudaError_t run_dq_grid(const BwdParams& p, cudaStream_t stream) {
   if (!is_16bit(p.dtype)) return cudaErrorInvalidValue;
   return FLASHCOS_HALF_SWITCH(p.dtype, T, [&] {

@@ -22,6 +22,8 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream);  // hopp
 template <typename T, int D>
 int64_t hopper_bwd_split_slots(const BwdParams& p);  // hopper/bwd_hopper.cuh: the split tail's pieces (0: none)
 template <typename T, int D>
+int64_t hopper_fwd_split_slots(const FwdParams& p, int* slot_floats);  // hopper/fwd_hopper.cuh: the same for the forward
+template <typename T, int D>
 cudaError_t launch_simt_fwd(const FwdParams& p, cudaStream_t stream);  // simt_kernels.cuh
 template <typename T, int D>
 cudaError_t launch_simt_bwd(const BwdParams& p, cudaStream_t stream);  // simt_kernels.cuh

@@ -51,6 +51,17 @@ struct FwdParams : CommonParams {
   // The Hopper forward without a bias: CTAs in groups of this many (b, head)s, each group's row
   // blocks heaviest first (hopper::grouped_cta; > 1 only under a causal mask). Set by its launcher.
   int head_group = 1;
+  // The Hopper forward's split tail (hopper::choose_tail_split; d 64, fixed offset, no bias, not causal):
+  // CTAs from index split_first on each run one of split_pieces shares of a (row block, head)'s key
+  // blocks; the one that finishes last adds the others' unnormalised O and row sums (split_scratch:
+  // split_pieces slots of run_fwd_split_slots' floats per split block) to its own, in piece order,
+  // and stores o and l. split_count: a counter per split block, zeroed by the caller. Set by its
+  // launcher (none: split_first past the grid).
+  int split_first = 0x7fffffff;
+  int split_pieces = 1;
+  float* split_scratch = nullptr;  // given by the caller: split_slots slots (run_fwd_split_slots)
+  int* split_count = nullptr;
+  int64_t split_slots = 0;
 };
 
 struct BwdParams : CommonParams {
@@ -109,7 +120,7 @@ struct BwdParams : CommonParams {
   // 2026-11-28 (FLASHCOS_HOPPER_BWD_ROW_GRID=1, a comparison variant), instead of from the first row
   // that sees the key block (hopper::bwd_rows). Set by its launcher.
   bool bwd_rows_on_grid = false;
-  // The Hopper backward's split tail (hopper::choose_bwd_split; plain, not causal): CTAs from index
+  // The Hopper backward's split tail (hopper::choose_tail_split; plain, not causal): CTAs from index
   // split_first on each run one of split_pieces shares of a (key block, kv head)'s steps; the one
   // that finishes last adds the others' dK / dV parts (split_scratch: split_pieces slots of 256 x D
   // floats per split block) to its own, in piece order, and stores them. split_count: a counter per
@@ -157,10 +168,12 @@ int64_t hopper_bwd_launches();
 int64_t hopper_launches();
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
-// The pieces of the Hopper backward's split tail for params (0: none; hopper/bwd_split.h): the caller
+// The pieces of the Hopper backward's split tail for params (0: none; hopper/split_tail.h): the caller
 // gives run_bwd split_slots slots of *slot_floats floats (split_scratch) and as many zeroed int
 // counters (split_count), or runs it without the split.
 int64_t run_bwd_split_slots(const BwdParams& params, int* slot_floats);
+// The same for the Hopper forward's split tail (run_fwd).
+int64_t run_fwd_split_slots(const FwdParams& params, int* slot_floats);
 // The deterministic mode's dQ grid alone (dq_grid.cuh; fp16 / bf16): params.dq_grid from dout, k, v,
 // scale and the zeroed params.dq_grid_kv. For tests.
 cudaError_t run_dq_grid(const BwdParams& params, cudaStream_t stream);

@@ -71,23 +71,23 @@ inline HopperBwdKind hopper_bwd_kind() {
   return kind;
 }
 
-// FLASHCOS_HOPPER_BWD_SPLIT=0 (read once): no split tail (hopper/bwd_split.h), for comparisons.
+// FLASHCOS_HOPPER_BWD_SPLIT=0 (read once): no split tail (hopper/split_tail.h), for comparisons.
 inline bool hopper_bwd_split_enabled() {
   static const bool on = env_switch_on("FLASHCOS_HOPPER_BWD_SPLIT");
   return on;
 }
 
-// The split tail (hopper/bwd_split.h) of the plain backward's default kind without a causal mask, in
+// The split tail (hopper/split_tail.h) of the plain backward's default kind without a causal mask, in
 // steps of bm query rows, on sms SMs; none otherwise. At most 2 x sms pieces: their dK / dV slots
 // (BwdParams::split_scratch) take 256 x 128 floats each at d 128, 33 MiB on 132 SMs.
-inline hopper::BwdSplit hopper_bwd_split(const BwdParams& p, int bm, int sms) {
+inline hopper::TailSplit hopper_bwd_split(const BwdParams& p, int bm, int sms) {
   if (!hopper_bwd_split_enabled() || p.causal || p.bias != nullptr || p.dq_semaphore != nullptr ||
       hopper_bwd_kind() != HopperBwdKind::kTma) {
     return {};
   }
   const int64_t blocks = int64_t((p.J + 127) / 128) * p.Hkv * p.B;  // 128 keys a CTA (BwdWsTile::kBN)
   const int steps = (p.H / p.Hkv) * ((p.I + bm - 1) / bm);
-  return hopper::choose_bwd_split(blocks, steps, sms, 2 * int64_t(sms));
+  return hopper::choose_tail_split(blocks, steps, sms, 2 * int64_t(sms));
 }
 
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
@@ -141,7 +141,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     banded.split_first = INT32_MAX;  // launcher-owned, as the order fields above
     banded.split_pieces = 1;
     if constexpr (kTmaDq && kDetAhead) {
-      const hopper::BwdSplit split = hopper_bwd_split(p, BM, sms);
+      const hopper::TailSplit split = hopper_bwd_split(p, BM, sms);
       if (split.units > 0 && p.split_scratch != nullptr && p.split_count != nullptr &&
           int64_t(split.units) * split.pieces <= p.split_slots) {
         banded.split_first = int(blocks - split.units);
@@ -224,7 +224,7 @@ template <typename T, int D>  // T: one instantiation per generated file (hopper
 int64_t hopper_bwd_split_slots(const BwdParams& p) {
   int sms = 0;
   if (current_device_sm_count(&sms) != cudaSuccess) return 0;
-  const hopper::BwdSplit split = hopper_bwd_split(p, hopper_bwd_step_rows<D>(p), sms);
+  const hopper::TailSplit split = hopper_bwd_split(p, hopper_bwd_step_rows<D>(p), sms);
   return int64_t(split.units) * split.pieces;
 }
 

@@ -53,7 +53,7 @@
 // consumer's dQ part of row i to the row's grid, (x + c_i) - c_i, so that the TMA reductions give
 // the same sum in any order (attention/cosine/dq_grid.h); kDet (the exp kind, FLASHCOS_DQ_GRID=0)
 // adds into each dQ unit in a fixed order (DqTurns, bwd_order.h; dq_semaphore.cuh).
-// Split tail (bwd_split.h; plain, not causal): the grid's last blocks run as pieces over shares of
+// Split tail (split_tail.h; plain, not causal): the grid's last blocks run as pieces over shares of
 // their steps, whose dK / dV meet in p.split_scratch (split_gather). With p.dq_done each dQ warp
 // counts its adds per (b, kv head) at the end, so that dq_finish_kernel (dq_finish.cuh), launched as
 // the CTAs start, converts each head's dQ to 16 bits on the SMs the last wave leaves idle.
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T
   // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).
   constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;
-  // The split tail (bwd_split.h): the plain instance only.
+  // The split tail (split_tail.h): the plain instance only.
   constexpr bool kMaySplit = kTmaDq && !kDet && !kBias && !kFixed;
 
   // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0);
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
-  // A piece of a split block takes a share of its steps (bwd_split.h); every other CTA all of them.
-  const BwdPiece piece = kMaySplit ? bwd_piece(p, blockIdx.x) : BwdPiece{int(blockIdx.x), 0, 1, -1};
+  // A piece of a split block takes a share of its steps (split_tail.h); every other CTA all of them.
+  const SplitPiece piece = kMaySplit ? split_piece(p, blockIdx.x) : SplitPiece{int(blockIdx.x), 0, 1, -1};
   const BwdCta cta = bwd_cta(p, unsigned(piece.block), n_blocks, heads_batches);
   const int n_block = cta.n_block, hb = cta.hb;
   // kBias with an (H, I, J) bias: batch fastest, so that the CTAs of one (key block, head) run side
@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const BwdRows rows = bwd_rows(p, n0, kBM, !kDqT || p.bwd_rows_on_grid);
   const int per_head = rows.per_head;
   const int n_iters = group * per_head;  // the block's steps
-  const int step0 = bwd_piece_first(n_iters, piece.piece, piece.pieces);
-  const int n_steps = bwd_piece_first(n_iters, piece.piece + 1, piece.pieces) - step0;  // this CTA's
+  const int step0 = split_piece_first(n_iters, piece.piece, piece.pieces);
+  const int n_steps = split_piece_first(n_iters, piece.piece + 1, piece.pieces) - step0;  // this CTA's
 
   if (tid == 0) {
 #pragma unroll
@@ -592,7 +592,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   if constexpr (kMaySplit) {
     // A piece: its parts to its slot; the piece that counts last sums every piece's and stores them.
     // (The piece found again from the block index, not kept in registers through the loop.)
-    const BwdPiece tail = bwd_piece(p, blockIdx.x);
+    const SplitPiece tail = split_piece(p, blockIdx.x);
     if (tail.pieces > 1 && !split_gather<D>(p, tail, rdK, rdV, tid - 128, reinterpret_cast<int*>(sRowC))) return;
   }
   store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);

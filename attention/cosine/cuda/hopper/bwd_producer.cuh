@@ -146,7 +146,7 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
   if constexpr (kDet) count(pending);
   // This consumer's adds into (b, hkv)'s dQ are complete: counted for dq_finish_kernel, which
   // converts the head once every CTA's two counts are in (the proxy fence orders the reductions'
-  // writes before the generic proxy's fence and release add). With a split tail (bwd_split.h) a
+  // writes before the generic proxy's fence and release add). With a split tail (split_tail.h) a
   // whole block counts p.split_pieces, a piece 1, so that every head expects the same count.
   if (p.dq_done != nullptr) {
     fence_proxy_async_global();

@@ -3,7 +3,7 @@
 //     producer's dQ warp adds to the fp32 accumulator by TMA reductions (bwd_producer.cuh,
 //     bwd_dq_reduce);
 //   store_dk_dv  dK and dV of their 64 keys, once, from the registers that summed them;
-//   split_gather a piece of a split block (bwd_split.h): its dK / dV parts to its slot, and in the
+//   split_gather a piece of a split block (split_tail.h): its dK / dV parts to its slot, and in the
 //     piece that counts last the sum of every piece's.
 // The staging tile is two SW128 boxes of Tile::kDqRows rows x 32 fp32 columns: row r's
 // 16-byte chunk c at r 128 + (c ^ (r % 8)) 16, the layout of the accumulator's tensor map
@@ -11,7 +11,7 @@
 // 16 warp + g + 8 e0, column 8 j + 2 t + h (g = lane / 4, t = lane % 4).
 #pragma once
 
-#include "attention/cosine/cuda/hopper/bwd_split.h"
+#include "attention/cosine/cuda/hopper/split_tail.h"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/params.h"
 
@@ -87,7 +87,7 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
   }
 }
 
-// A piece of a split block (bwd_split.h), the 256 consumer threads (ctid = tid - 128): its dK / dV
+// A piece of a split block (split_tail.h), the 256 consumer threads (ctid = tid - 128): its dK / dV
 // parts (fp32, unscaled) to its slot of p.split_scratch (float i of thread ctid at i 256 + ctid: the
 // warps' stores and loads coalesced), then one count on the block's counter (the pattern of CUDA's
 // threadFenceReduction sample: stores, __threadfence, barrier, atomic). False for every piece but the
@@ -95,7 +95,7 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
 // (its own read back, as this thread stored it), so that the sum does not depend on which piece
 // finished last. `flag`: an int of shared memory the consumers no longer use.
 template <int D>
-__device__ __forceinline__ bool split_gather(const BwdParams& p, const BwdPiece& piece, float (&rdK)[D / 2],
+__device__ __forceinline__ bool split_gather(const BwdParams& p, const SplitPiece& piece, float (&rdK)[D / 2],
                                              float (&rdV)[D / 2], int ctid, int* flag) {
   constexpr int kSlot = 256 * D;
   float* slots = p.split_scratch + int64_t(piece.slot) * piece.pieces * kSlot + ctid;

@@ -85,6 +85,33 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
                 : launch_fwd_hopper_ws<T, D, kOverlap, L, false, false, kQRegs>(p, stream);
 }
 
+// The pieces of p's split tail (0: none; hopper/split_tail.h) and, in *slot_floats, the floats of a
+// piece's slot in FwdParams::split_scratch, for the caller to allocate with as many zeroed counters
+// (run_fwd_split_slots, launch.cu). The CTA rows are those launch_fwd_hopper_case picks: 64 per
+// consumer warpgroup, d 64 128 where fwd_two_warpgroups says so; the instances that may split are the
+// fixed offset's without a bias at d 64 (hopper::fwd_may_split), and a slot fits the larger tile.
+template <typename T, int D>
+int64_t hopper_fwd_split_slots(const FwdParams& p, int* slot_floats) {
+  constexpr int kWG = hopper::kFwdWsWG<D, false, false>;
+  *slot_floats = hopper::fwd_split_slot_floats(D / 2, kWG);
+  const HopperFwdKind kind = hopper_fwd_kind();
+  if (!hopper::fwd_may_split<D, hopper::kDefaultFwdL, false, false> || p.bias != nullptr || p.causal ||
+      fwd_needs_online(p, std::is_same_v<T, __half>) ||
+      kind == HopperFwdKind::kOverlapPackedSum || kind == HopperFwdKind::kOverlapRounded) {
+    return 0;
+  }
+  int bm = 64 * kWG;
+  if (D == 64 && kind == HopperFwdKind::kOverlap) {
+    bool two = false;
+    if (fwd_two_warpgroups(p, &two) != cudaSuccess) return 0;
+    if (two) bm = 128;
+  }
+  int sms = 0;
+  if (current_device_sm_count(&sms) != cudaSuccess) return 0;
+  const hopper::TailSplit split = hopper_fwd_split(p, bm, sms);
+  return int64_t(split.units) * split.pieces;
+}
+
 // The forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot address the inputs.
 template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {

@@ -52,6 +52,7 @@
 #include "attention/cosine/cuda/hopper/fwd_epilogue.cuh"
 #include "attention/cosine/cuda/hopper/fwd_logits.cuh"
 #include "attention/cosine/cuda/hopper/head_groups.h"
+#include "attention/cosine/cuda/hopper/split_tail.h"
 #include "attention/cosine/cuda/hopper/tma.cuh"
 #include "attention/cosine/cuda/hopper/tma_map.h"
 #include "attention/cosine/cuda/hopper/wgmma.cuh"
@@ -80,6 +81,14 @@ constexpr FwdL kRoundedFwdL = D == 64 ? FwdL::kOnesCols : FwdL::kOnesMma;
 template <int D, bool kBias, bool kOnline, bool kWG2 = false>
 constexpr int kFwdWsWG = D == 64 && !kBias && !kOnline && !kWG2 ? 3 : 2;
 
+// The instances that may run a split tail (split_tail.h; the launcher plans it, hopper_fwd_split):
+// the fixed offset's (the pieces' O and row sums add as they are) without a bias, at d 64 (the 3 and 2
+// consumer warpgroup tiles). d 128 does not split: H100 run AD1 (b4 h8 n 8192 non-causal, forward
+// TFLOP/s, four interleaved rounds, split against none) bf16 738.4 / 752.3, fp16 711.4 / 706.6, and
+// ncu 0.7-1.1 % more cycles with it, where the plan's model promised 1.5 % fewer (d 64: +2.7 / +3.5 %).
+template <int D, FwdL L, bool kBias, bool kOnline>
+constexpr bool fwd_may_split = D == 64 && L == FwdL::kUnrounded && !kBias && !kOnline;
+
 template <int D, FwdL L = kDefaultFwdL, int WG = kFwdWsWG<D, false, false>>
 struct FwdWsTile {
   static_assert(D == 64 || D == 128, "the Hopper forward covers head dims 64 and 128");
@@ -98,7 +107,7 @@ struct FwdWsTile {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kWG == 3 ? 160 : 240;
   static constexpr size_t kSmem = size_t(kQBytes) + size_t(kStages) * 2 * kKBytes + kOnesBytes +
-                                  (2 * kStages + 1) * sizeof(uint64_t) + kSw128Atom;
+                                  (2 * kStages + 2) * sizeof(uint64_t) + kSw128Atom;  // + the split flag
   static_assert(kSmem <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (65536 / threads,
   // rounded down to 8 per thread); asking for more makes the consumers' setmaxnreg.inc wait forever.
@@ -129,11 +138,16 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
   uint64_t* bar_q = reinterpret_cast<uint64_t*>(sOnes + Tile::kOnesBytes);
   uint64_t* bar_full = bar_q + 1;
   uint64_t* bar_empty = bar_full + kStages;
+  int* split_flag = reinterpret_cast<int*>(bar_empty + kStages);  // the split tail's count (fwd_split_gather)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
   // Heaviest causal blocks first. kBias: x = (row block, then the dim the bias is shared over)
   // (fwd_grid), so that the CTAs running together read the same bias rows (from L2). Otherwise
-  // (b, head)s in groups of p.head_group (head_groups.h), (m_blocks, H, B) blocks in index order.
+  // (b, head)s in groups of p.head_group (head_groups.h), (m_blocks, H, B) blocks in index order;
+  // with the split tail (split_tail.h; kMaySplit: d 64, the fixed offset without a bias) a 1-D grid
+  // whose CTAs from p.split_first on are pieces of the last blocks, each over a share of the key blocks.
+  constexpr bool kMaySplit = fwd_may_split<D, L, kBias, kOnline>;
+  SplitPiece piece{0, 0, 1, -1};
   int m_block, h, b;
   if constexpr (kBias) {
     const int share = p.bias_batch_dim ? p.H : p.B, s = int(blockIdx.x % unsigned(share));
@@ -142,8 +156,14 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
     b = p.bias_batch_dim ? int(blockIdx.y) : s;
   } else {
     const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const GroupedCta g = grouped_cta(block, int(gridDim.x), p.B * p.H, p.head_group);
-    m_block = int(gridDim.x) - 1 - g.rank;
+    const int m_blocks = kMaySplit ? (p.I + kBM - 1) / kBM : int(gridDim.x);  // the split grid is 1-D
+    if constexpr (kMaySplit) {
+      piece = split_piece(p, block);
+    } else {
+      piece.block = int(block);
+    }
+    const GroupedCta g = grouped_cta(unsigned(piece.block), m_blocks, p.B * p.H, p.head_group);
+    m_block = m_blocks - 1 - g.rank;
     h = g.hb % p.H;
     b = g.hb / p.H;
   }
@@ -152,7 +172,9 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
   const int diag = J - I;  // causal: query r sees keys c <= r + diag
   const int m0 = m_block * kBM;
   const int n_end = p.causal ? min(J, m0 + kBM + diag) : J;
-  const int n_blocks = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+  const int n_all = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+  const int jb0 = split_piece_first(n_all, piece.piece, piece.pieces);  // this CTA's key blocks: jb0 ..
+  const int n_blocks = split_piece_first(n_all, piece.piece + 1, piece.pieces) - jb0;
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -180,8 +202,8 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
         mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kKBytes);
 #pragma unroll
         for (int blk = 0; blk < D / 64; ++blk) {
-          tma_load_4d(sK + s * Tile::kKBytes + blk * kBlock, &maps.k, blk * 64, j * kBN, hkv, b, bar_full + s);
-          tma_load_4d(sV + s * Tile::kKBytes + blk * kBlock, &maps.v, blk * 64, j * kBN, hkv, b, bar_full + s);
+          tma_load_4d(sK + s * Tile::kKBytes + blk * kBlock, &maps.k, blk * 64, (jb0 + j) * kBN, hkv, b, bar_full + s);
+          tma_load_4d(sV + s * Tile::kKBytes + blk * kBlock, &maps.v, blk * 64, (jb0 + j) * kBN, hkv, b, bar_full + s);
         }
       }
     }
@@ -276,8 +298,9 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
   // to online_exp, which sets rAlpha and rescales rLt (rLr) at once.
   const bool has_mask = p.mask != nullptr;
   const uint8_t* gMask = has_mask ? p.mask + int64_t(b) * p.mask_b_stride : nullptr;
+  // j: the CTA's key block (jb0 + j of the row's; kBias never splits, jb0 0 for its bias loads).
   auto exp_block = [&](float (&rS)[kBN / 2], const float (&rB)[kBias ? kBN / 2 : 1], int j) {
-    const int n0 = j * kBN;
+    const int n0 = (jb0 + j) * kBN;
     const bool elementwise = has_mask || n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
     uint32_t keep = 0xffffffffu;
     if (has_mask) {
@@ -460,6 +483,11 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
     }
   }
 
+  // A piece of a split block: its parts to its slot; the last piece adds them all and goes on.
+  if constexpr (kMaySplit) {  // the piece again (fewer registers live through the loop)
+    const SplitPiece tail = split_piece(p, blockIdx.x);
+    if (tail.pieces > 1 && !fwd_split_gather<kWG, kStartBar>(p, tail, rO, rLt, ctid, split_flag)) return;
+  }
   // O / l, and lt (the rows' fp32 sums of the unrounded P) for the backward; kUnrounded's l is lt.
   float lt[2], l[2];
 #pragma unroll
@@ -496,6 +524,22 @@ inline cudaError_t fwd_causal_head_group(const FwdParams& p, unsigned m_blocks, 
   return cudaSuccess;
 }
 
+// FLASHCOS_HOPPER_FWD_SPLIT=0 (read once): no split tail (hopper/split_tail.h), for comparisons.
+inline bool hopper_fwd_split_enabled() {
+  static const bool on = env_switch_on("FLASHCOS_HOPPER_FWD_SPLIT");
+  return on;
+}
+
+// The split tail (hopper/split_tail.h) of a forward without a causal mask or a bias (the fixed
+// offset: the instances of hopper::fwd_may_split, d 64), in CTAs of bm query rows, on sms SMs; none
+// otherwise. Its steps are the rows' 128-key blocks. At most 2 x sms pieces: their slots take 34 x 384
+// floats each (hopper::fwd_split_slot_floats), 13 MiB on 132 SMs.
+inline hopper::TailSplit hopper_fwd_split(const FwdParams& p, int bm, int sms) {
+  if (!hopper_fwd_split_enabled() || p.causal || p.bias != nullptr) return {};
+  const int64_t ctas = int64_t((p.I + bm - 1) / bm) * p.H * p.B;
+  return hopper::choose_tail_split(ctas, (p.J + 127) / 128, sms, 2 * int64_t(sms));
+}
+
 // The warp-specialised forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot
 // address the inputs (the caller then runs the sm_80 kernels).
 // kBias: p.bias is set; kOnline: fwd_needs_online(p) (the launcher picks both from p).
@@ -518,12 +562,30 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   // With a bias (H, I, J) the batches of one (row block, head) run side by side, with a (B, I, J)
   // one the heads: the bias rows they read are the same (4 bytes a logit, the biased forward's bound).
   const unsigned m_blocks = unsigned((p.I + Tile::kBM - 1) / Tile::kBM);
-  const dim3 grid = !kBias ? dim3(m_blocks, p.H, p.B)
-                           : p.bias_batch_dim ? dim3(m_blocks * p.H, p.B, 1) : dim3(m_blocks * p.B, p.H, 1);
+  dim3 grid = !kBias ? dim3(m_blocks, p.H, p.B)
+                     : p.bias_batch_dim ? dim3(m_blocks * p.H, p.B, 1) : dim3(m_blocks * p.B, p.H, 1);
   FwdParams grouped = p;
+  grouped.split_first = INT32_MAX;  // launcher-owned, as head_group
+  grouped.split_pieces = 1;
   if (!kBias) {
     const cudaError_t err = fwd_causal_head_group(p, m_blocks, &grouped.head_group);
     if (err != cudaSuccess) return err;
+  }
+  // The split tail, where the caller gave the slots for it (hopper_fwd_split_slots), as a 1-D grid.
+  if constexpr (hopper::fwd_may_split<D, L, kBias, kOnline>) {
+    if (p.split_scratch != nullptr && p.split_count != nullptr && p.split_slots > 0) {
+      int sms = 0;
+      const cudaError_t err = current_device_sm_count(&sms);
+      if (err != cudaSuccess) return err;
+      const hopper::TailSplit split = hopper_fwd_split(p, Tile::kBM, sms);
+      const int64_t blocks = int64_t(m_blocks) * p.H * p.B;
+      const int64_t ctas = blocks + int64_t(split.units) * (split.pieces - 1);
+      if (split.units > 0 && int64_t(split.units) * split.pieces <= p.split_slots && ctas <= int64_t(INT32_MAX)) {
+        grouped.split_first = int(blocks - split.units);
+        grouped.split_pieces = split.pieces;
+        grid = dim3(unsigned(ctas));
+      }
+    }
   }
   return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs, kWG2>, grid,
                           Tile::kThreads, Tile::kSmem, stream, maps, grouped);

@@ -1,11 +1,11 @@
-// The Hopper backward's split tail (attention/cosine/cuda/hopper/bwd_split.h), on the CPU, no GPU
+// The Hopper backward's split tail (attention/cosine/cuda/hopper/split_tail.h), on the CPU, no GPU
 // needed: the plan against the greedy schedule it models (checked here by a second, independent
 // simulation), and the pieces of a split grid covering every block's steps once. The kernel's
 // results with a split tail: the attention grid's small cases, which the plan splits (GPU tests).
 #include <gtest/gtest.h>
 
 #ifdef FLASHCOS_WITH_CUDA
-#include "attention/cosine/cuda/hopper/bwd_split.h"
+#include "attention/cosine/cuda/hopper/split_tail.h"
 #endif
 
 #include <algorithm>
@@ -19,20 +19,20 @@ using flashcos::cuda::BwdParams;
 using namespace flashcos::cuda::hopper;
 
 // The schedule written again: CTA by CTA in grid order, each to the SM that comes free first.
-int64_t schedule(int64_t ctas, int steps, int sms, const BwdSplit& split) {
+int64_t schedule(int64_t ctas, int steps, int sms, const TailSplit& split) {
   std::vector<int64_t> free_at(sms, 0);
   const int64_t whole = ctas - split.units;
   const int64_t n = whole + int64_t(split.units) * split.pieces;
   for (int64_t c = 0; c < n; ++c) {
     const bool is_piece = c >= whole;
-    const int64_t cost = (is_piece ? (steps + split.pieces - 1) / split.pieces : steps) + kBwdSplitCostSteps;
+    const int64_t cost = (is_piece ? (steps + split.pieces - 1) / split.pieces : steps) + kTailSplitCostSteps;
     auto it = std::min_element(free_at.begin(), free_at.end());
     *it += cost;
   }
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
-TEST(HopperBwdSplit, PlanIsSoonerThanNoSplitAndWithinItsLimits) {
+TEST(HopperSplitTail, PlanIsSoonerThanNoSplitAndWithinItsLimits) {
   struct Case {
     int64_t ctas;
     int steps, sms;
@@ -45,34 +45,34 @@ TEST(HopperBwdSplit, PlanIsSoonerThanNoSplitAndWithinItsLimits) {
   int split_some = 0;
   for (const Case& c : cases) {
     const int64_t max_slots = 2 * int64_t(c.sms);
-    const BwdSplit s = choose_bwd_split(c.ctas, c.steps, c.sms, max_slots);
-    const int64_t none = schedule(c.ctas, c.steps, c.sms, BwdSplit{});
-    EXPECT_EQ(bwd_split_makespan(c.ctas, c.steps, c.sms, 0, 1), none) << c.ctas << " x " << c.steps;
+    const TailSplit s = choose_tail_split(c.ctas, c.steps, c.sms, max_slots);
+    const int64_t none = schedule(c.ctas, c.steps, c.sms, TailSplit{});
+    EXPECT_EQ(tail_split_makespan(c.ctas, c.steps, c.sms, 0, 1), none) << c.ctas << " x " << c.steps;
     if (s.units == 0) {
       EXPECT_EQ(s.pieces, 1);
       continue;
     }
     ++split_some;
     EXPECT_GE(s.pieces, 2);
-    EXPECT_LE(s.pieces, kBwdSplitMaxPieces);
+    EXPECT_LE(s.pieces, kTailSplitMaxPieces);
     EXPECT_LE(int64_t(s.units) * s.pieces, max_slots);
     EXPECT_LE(s.units, c.ctas);
-    EXPECT_GE(c.steps / s.pieces, kBwdSplitMinSteps) << c.ctas << " x " << c.steps;
+    EXPECT_GE(c.steps / s.pieces, kTailSplitMinSteps) << c.ctas << " x " << c.steps;
     const int64_t with = schedule(c.ctas, c.steps, c.sms, s);
-    EXPECT_EQ(bwd_split_makespan(c.ctas, c.steps, c.sms, s.units, s.pieces), with);
+    EXPECT_EQ(tail_split_makespan(c.ctas, c.steps, c.sms, s.units, s.pieces), with);
     EXPECT_LE(with * 100, none * 99) << c.ctas << " x " << c.steps << ": a split that saves under 1 %";
   }
   EXPECT_GE(split_some, 4);
   // A grid of whole waves gains nothing from a split; a few blocks on many SMs gain most.
-  EXPECT_EQ(choose_bwd_split(2112, 103, 132, 264).units, 0);
-  EXPECT_EQ(choose_bwd_split(16, 13, 132, 264).units, 16);
+  EXPECT_EQ(choose_tail_split(2112, 103, 132, 264).units, 0);
+  EXPECT_EQ(choose_tail_split(16, 13, 132, 264).units, 16);
   // The same answer from the cache.
-  const BwdSplit a = choose_bwd_split(2048, 103, 132, 264), b = choose_bwd_split(2048, 103, 132, 264);
+  const TailSplit a = choose_tail_split(2048, 103, 132, 264), b = choose_tail_split(2048, 103, 132, 264);
   EXPECT_EQ(a.units, b.units);
   EXPECT_EQ(a.pieces, b.pieces);
 }
 
-TEST(HopperBwdSplit, PiecesCoverEveryBlocksStepsOnce) {
+TEST(HopperSplitTail, PiecesCoverEveryBlocksStepsOnce) {
   for (const int64_t ctas : {1, 5, 68, 200}) {
     for (const int pieces : {2, 3, 8}) {
       for (const int steps : {16, 17, 103}) {
@@ -84,7 +84,7 @@ TEST(HopperBwdSplit, PiecesCoverEveryBlocksStepsOnce) {
         std::vector<std::vector<int>> covered(ctas, std::vector<int>(steps, 0));
         std::vector<int> slot_pieces(units, 0);
         for (int64_t x = 0; x < grid; ++x) {
-          const BwdPiece pc = bwd_piece(p, unsigned(x));
+          const SplitPiece pc = split_piece(p, unsigned(x));
           ASSERT_TRUE(pc.block >= 0 && pc.block < ctas);
           if (x < p.split_first) {
             ASSERT_EQ(pc.pieces, 1);
@@ -94,8 +94,8 @@ TEST(HopperBwdSplit, PiecesCoverEveryBlocksStepsOnce) {
             ASSERT_EQ(pc.slot, pc.block - p.split_first);
             ++slot_pieces[pc.slot];
           }
-          const int first = bwd_piece_first(steps, pc.piece, pc.pieces);
-          const int end = bwd_piece_first(steps, pc.piece + 1, pc.pieces);
+          const int first = split_piece_first(steps, pc.piece, pc.pieces);
+          const int end = split_piece_first(steps, pc.piece + 1, pc.pieces);
           ASSERT_LT(first, end) << "a piece without steps";
           for (int s = first; s < end; ++s) ++covered[pc.block][s];
         }
@@ -107,7 +107,7 @@ TEST(HopperBwdSplit, PiecesCoverEveryBlocksStepsOnce) {
   }
 }
 #else
-TEST(HopperBwdSplit, NeedsTheCudaBuild) { GTEST_SKIP() << "built without CUDA"; }
+TEST(HopperSplitTail, NeedsTheCudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 #endif
 
 }  // namespace
