@@ -42,6 +42,9 @@
 // is loaded into registers right after the MMAs are issued, before the wait for S (FwdBias,
 // fwd_logits.cuh). Both take 2 consumer warpgroups (kFwdWsWG); d 128 with a bias runs without
 // kOverlap (hopper/fwd_hopper.cuh).
+// Split tail (fwd_may_split: d 64, fixed offset, no bias; the launcher plans it without a causal
+// mask, split_tail.h): the grid's last row blocks run as pieces over shares of their key blocks;
+// each piece's O and lt go to a slot, and the piece that counts last adds them (fwd_split_gather).
 #pragma once
 
 #include <cuda.h>
