@@ -1,7 +1,8 @@
-// The Hopper backward's split tail (attention/cosine/cuda/hopper/split_tail.h), on the CPU, no GPU
+// The Hopper kernels' split tail (attention/cosine/cuda/hopper/split_tail.h), on the CPU, no GPU
 // needed: the plan against the greedy schedule it models (checked here by a second, independent
-// simulation), and the pieces of a split grid covering every block's steps once. The kernel's
-// results with a split tail: the attention grid's small cases, which the plan splits (GPU tests).
+// simulation), and the pieces of a split grid covering every block's steps once, as the backward
+// (BwdParams) and the forward (FwdParams) decode them. The kernels' results with a split tail: the
+// attention grid's small cases, which the plan splits, and FusedAttentionMisc.ForwardSplitTail* (GPU).
 #include <gtest/gtest.h>
 
 #ifdef FLASHCOS_WITH_CUDA
@@ -16,6 +17,7 @@ namespace {
 
 #ifdef FLASHCOS_WITH_CUDA
 using flashcos::cuda::BwdParams;
+using flashcos::cuda::FwdParams;
 using namespace flashcos::cuda::hopper;
 
 // The schedule written again: CTA by CTA in grid order, each to the SM that comes free first.
@@ -72,11 +74,14 @@ TEST(HopperSplitTail, PlanIsSoonerThanNoSplitAndWithinItsLimits) {
   EXPECT_EQ(a.pieces, b.pieces);
 }
 
-TEST(HopperSplitTail, PiecesCoverEveryBlocksStepsOnce) {
+// Every block's steps covered once by the CTAs of a split grid, each split block's slot by `pieces`
+// pieces; Params: the launcher's split_first / split_pieces in BwdParams or FwdParams.
+template <typename Params>
+void expect_pieces_cover_every_step() {
   for (const int64_t ctas : {1, 5, 68, 200}) {
     for (const int pieces : {2, 3, 8}) {
       for (const int steps : {16, 17, 103}) {
-        BwdParams p;
+        Params p;
         const int units = int(std::min<int64_t>(ctas, 7));
         p.split_first = int(ctas - units);
         p.split_pieces = pieces;
@@ -105,6 +110,11 @@ TEST(HopperSplitTail, PiecesCoverEveryBlocksStepsOnce) {
       }
     }
   }
+}
+
+TEST(HopperSplitTail, PiecesCoverEveryBlocksStepsOnce) {
+  expect_pieces_cover_every_step<BwdParams>();
+  expect_pieces_cover_every_step<FwdParams>();
 }
 #else
 TEST(HopperSplitTail, NeedsTheCudaBuild) { GTEST_SKIP() << "built without CUDA"; }
