@@ -502,6 +502,30 @@ TEST_F(FusedAttentionMisc, ForwardSplitTailMatchesFloat64) {
   }
 }
 
+// The backward's split tail is planned where it applies (the grid's non-causal cases run it and the
+// float64 grid checks their gradients): without a causal mask slots of 256 x D floats, with one none.
+TEST_F(FusedAttentionMisc, BackwardSplitTailPlannedWithoutCausalMask) {
+#ifdef FLASHCOS_WITH_CUDA
+  if (!hopper_family_expected()) GTEST_SKIP() << "the split tail is the Hopper kernels'";
+  for (const bool causal : {false, true}) {
+    for (const int D : {64, 128}) {
+      flashcos::cuda::BwdParams p;
+      p.B = 1, p.H = 2, p.Hkv = 2, p.I = 1000, p.J = 1500, p.D = D, p.causal = causal;  // 24 key blocks
+      int slot_floats = 0;
+      const int64_t slots = flashcos::cuda::run_bwd_split_slots(p, &slot_floats);
+      if (causal) {
+        EXPECT_EQ(slots, 0) << "causal d " << D << " planned a split";
+      } else {
+        EXPECT_GT(slots, 0) << "no split planned, d " << D;
+        EXPECT_EQ(slot_floats, 256 * D);
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
 // Any bias strides on the forward (the Hopper forward's float2 loads need j stride 1, an even J and
 // 8-byte aligned rows; its other loads take any strides): a transposed, a broadcast and a misaligned
 // bias give bit for bit the forward of the same values in a contiguous bias.

@@ -149,35 +149,35 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   }
 }
 
-int64_t run_bwd_split_slots(const BwdParams& p, int* slot_floats) {
+namespace {
+
+// The split tail's slots (hopper_split_slots) of p's Hopper instance, 0 where p runs another family.
+template <typename Params>
+int64_t split_slots(const Params& p, bool hopper_covers, int* slot_floats) {
   *slot_floats = 0;
   if (!supports_head_dim(p.D) || p.B == 0 || p.H == 0 || p.I == 0 || p.J == 0) return 0;
 #ifdef FLASHCOS_HAS_HOPPER
-  if (pick_family(p, hopper_covers_bwd(p)) == Family::kHopper) {
-    *slot_floats = 256 * (p.D <= 64 ? 64 : 128);
+  if (pick_family(p, hopper_covers) == Family::kHopper) {
     if (p.dtype == DType::kHalf) {
-      return p.D <= 64 ? hopper_bwd_split_slots<__half, 64>(p) : hopper_bwd_split_slots<__half, 128>(p);
+      return p.D <= 64 ? hopper_split_slots<__half, 64>(p, slot_floats)
+                       : hopper_split_slots<__half, 128>(p, slot_floats);
     }
-    return p.D <= 64 ? hopper_bwd_split_slots<__nv_bfloat16, 64>(p) : hopper_bwd_split_slots<__nv_bfloat16, 128>(p);
+    return p.D <= 64 ? hopper_split_slots<__nv_bfloat16, 64>(p, slot_floats)
+                     : hopper_split_slots<__nv_bfloat16, 128>(p, slot_floats);
   }
+#else
+  (void)hopper_covers;
 #endif
   return 0;
 }
 
+}  // namespace
+
+int64_t run_bwd_split_slots(const BwdParams& p, int* slot_floats) {
+  return split_slots(p, hopper_covers_bwd(p), slot_floats);
+}
 int64_t run_fwd_split_slots(const FwdParams& p, int* slot_floats) {
-  *slot_floats = 0;
-  if (!supports_head_dim(p.D) || p.B == 0 || p.H == 0 || p.I == 0 || p.J == 0) return 0;
-#ifdef FLASHCOS_HAS_HOPPER
-  if (pick_family(p, hopper_covers_fwd(p)) == Family::kHopper) {
-    if (p.dtype == DType::kHalf) {
-      return p.D <= 64 ? hopper_fwd_split_slots<__half, 64>(p, slot_floats)
-                       : hopper_fwd_split_slots<__half, 128>(p, slot_floats);
-    }
-    return p.D <= 64 ? hopper_fwd_split_slots<__nv_bfloat16, 64>(p, slot_floats)
-                     : hopper_fwd_split_slots<__nv_bfloat16, 128>(p, slot_floats);
-  }
-#endif
-  return 0;
+  return split_slots(p, hopper_covers_fwd(p), slot_floats);
 }
 
 cudaError_t run_dq_grid(const BwdParams& p, cudaStream_t stream) {

@@ -19,10 +19,11 @@ template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream);  // hopper/fwd_hopper.cuh; cudaErrorNotSupported: use launch_fwd
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream);  // hopper/bwd_hopper.cuh; cudaErrorNotSupported: use launch_bwd
+// The split tail's pieces (0: none) and the floats of each one's slot: hopper/bwd_hopper.cuh, hopper/fwd_hopper.cuh.
 template <typename T, int D>
-int64_t hopper_bwd_split_slots(const BwdParams& p);  // hopper/bwd_hopper.cuh: the split tail's pieces (0: none)
+int64_t hopper_split_slots(const BwdParams& p, int* slot_floats);
 template <typename T, int D>
-int64_t hopper_fwd_split_slots(const FwdParams& p, int* slot_floats);  // hopper/fwd_hopper.cuh: the same for the forward
+int64_t hopper_split_slots(const FwdParams& p, int* slot_floats);
 template <typename T, int D>
 cudaError_t launch_simt_fwd(const FwdParams& p, cudaStream_t stream);  // simt_kernels.cuh
 template <typename T, int D>

@@ -135,7 +135,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
     banded.bwd_rows_on_grid = hopper_bwd_rows_on_grid();
-    // The split tail, where the caller gave the slots for it (hopper_bwd_split_slots; none in the
+    // The split tail, where the caller gave the slots for it (hopper_split_slots; none in the
     // deterministic mode: hopper_bwd_split).
     int64_t grid = blocks;
     banded.split_first = INT32_MAX;  // launcher-owned, as the order fields above
@@ -218,10 +218,12 @@ int hopper_bwd_step_rows(const BwdParams& p) {
   return hopper_bwd_rows<D>(hopper_bwd_variant());
 }
 
-// The pieces of p's split tail (0: none), each a slot of 256 x D floats in BwdParams::split_scratch
-// and a counter in split_count, for the caller to allocate (run_bwd_split_slots, launch.cu).
+// The pieces of p's split tail (0: none), each a slot of *slot_floats = 256 x D floats in
+// BwdParams::split_scratch and a counter in split_count, for the caller to allocate
+// (run_bwd_split_slots, launch.cu; the forward's overload: fwd_hopper.cuh).
 template <typename T, int D>  // T: one instantiation per generated file (hopper/CMakeLists.txt)
-int64_t hopper_bwd_split_slots(const BwdParams& p) {
+int64_t hopper_split_slots(const BwdParams& p, int* slot_floats) {
+  *slot_floats = 256 * D;
   int sms = 0;
   if (current_device_sm_count(&sms) != cudaSuccess) return 0;
   const hopper::TailSplit split = hopper_bwd_split(p, hopper_bwd_step_rows<D>(p), sms);

@@ -89,11 +89,11 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
 
 // A piece of a split block (split_tail.h), the 256 consumer threads (ctid = tid - 128): its dK / dV
 // parts (fp32, unscaled) to its slot of p.split_scratch (float i of thread ctid at i 256 + ctid: the
-// warps' stores and loads coalesced), then one count on the block's counter (the pattern of CUDA's
-// threadFenceReduction sample: stores, __threadfence, barrier, atomic). False for every piece but the
-// one that counted last; in that one rdK / rdV become the sum of the pieces' slots in piece order
-// (its own read back, as this thread stored it), so that the sum does not depend on which piece
-// finished last. `flag`: an int of shared memory the consumers no longer use.
+// warps' stores and loads coalesced), then one count on the block's counter (split_counted_last,
+// common.cuh). False for every piece but the one that counted last; in that one rdK / rdV become the
+// sum of the pieces' slots in piece order (its own read back, as this thread stored it), so that the
+// sum does not depend on which piece finished last. `flag`: an int of shared memory the consumers no
+// longer use.
 template <int D>
 __device__ __forceinline__ bool split_gather(const BwdParams& p, const SplitPiece& piece, float (&rdK)[D / 2],
                                              float (&rdV)[D / 2], int ctid, int* flag) {
@@ -105,12 +105,7 @@ __device__ __forceinline__ bool split_gather(const BwdParams& p, const SplitPiec
     mine[i * 256] = rdK[i];
     mine[(D / 2 + i) * 256] = rdV[i];
   }
-  __threadfence();
-  named_bar_sync<4, 256>();
-  if (ctid == 0) *flag = atomicAdd(p.split_count + piece.slot, 1);
-  named_bar_sync<4, 256>();
-  if (*reinterpret_cast<volatile int*>(flag) != piece.pieces - 1) return false;
-  __threadfence();
+  if (!split_counted_last<4, 256>(p, piece, ctid, flag)) return false;
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) {
     float k = __ldcg(slots + i * 256), v = __ldcg(slots + (D / 2 + i) * 256);

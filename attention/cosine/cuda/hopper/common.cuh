@@ -152,6 +152,22 @@ __device__ __forceinline__ void named_bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// The split tail's count (split_tail.h), by the kThreads threads that stored a piece's part: one
+// count on the split block's counter p.split_count[piece.slot] (Params: FwdParams or BwdParams; the
+// pattern of CUDA's threadFenceReduction sample: stores, __threadfence, barrier kBar, atomic), true
+// in every thread of the piece that counted last, once the other pieces' stores are visible to it.
+// Piece: a SplitPiece. `flag`: an int of shared memory; ctid: 0 .. kThreads - 1.
+template <int kBar, int kThreads, typename Params, typename Piece>
+__device__ __forceinline__ bool split_counted_last(const Params& p, const Piece& piece, int ctid, int* flag) {
+  __threadfence();
+  named_bar_sync<kBar, kThreads>();
+  if (ctid == 0) *flag = atomicAdd(p.split_count + piece.slot, 1);
+  named_bar_sync<kBar, kThreads>();
+  if (*reinterpret_cast<volatile int*>(flag) != piece.pieces - 1) return false;
+  __threadfence();
+  return true;
+}
+
 // Warp specialisation: a warpgroup lowers (the producer) or raises (the consumers) its register
 // limit; every thread of the warpgroup executes it.
 template <int kRegs>

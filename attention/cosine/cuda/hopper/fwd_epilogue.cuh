@@ -54,10 +54,10 @@ constexpr int fwd_split_slot_floats(int kRegs, int kWG) { return (kRegs + 2) * 1
 // A piece of a split block, the 128 kWG consumer threads (ctid = tid - 128): its unnormalised O and
 // the thread's row-sum parts rLt (fp32) to its slot of p.split_scratch (float i of thread ctid at
 // i 128 kWG + ctid: the warps' stores and loads coalesced), then one count on the block's counter
-// (stores, __threadfence, barrier, atomic; as split_gather, bwd_stores.cuh). False for every piece
-// but the one that counted last; in that one rO / rLt become the sums of the pieces' parts in piece
-// order (its own read back as this thread stored it), whichever piece finished last. `flag`: an int
-// of shared memory; kBar: a named barrier the consumers alone use.
+// (split_counted_last, common.cuh; as split_gather, bwd_stores.cuh). False for every piece but the
+// one that counted last; in that one rO / rLt become the sums of the pieces' parts in piece order
+// (its own read back as this thread stored it), whichever piece finished last. `flag`: an int of
+// shared memory; kBar: a named barrier the consumers alone use.
 template <int kWG, int kBar, int kRegs>
 __device__ __forceinline__ bool fwd_split_gather(const FwdParams& p, const SplitPiece& piece, float (&rO)[kRegs],
                                                  float (&rLt)[2], int ctid, int* flag) {
@@ -68,12 +68,7 @@ __device__ __forceinline__ bool fwd_split_gather(const FwdParams& p, const Split
   for (int i = 0; i < kRegs; ++i) mine[i * kThreads] = rO[i];
   mine[kRegs * kThreads] = rLt[0];
   mine[(kRegs + 1) * kThreads] = rLt[1];
-  __threadfence();
-  named_bar_sync<kBar, kThreads>();
-  if (ctid == 0) *flag = atomicAdd(p.split_count + piece.slot, 1);
-  named_bar_sync<kBar, kThreads>();
-  if (*reinterpret_cast<volatile int*>(flag) != piece.pieces - 1) return false;
-  __threadfence();
+  if (!split_counted_last<kBar, kThreads>(p, piece, ctid, flag)) return false;
   auto sum = [&](int i) {
     float x = __ldcg(slots + i * kThreads);
 #pragma unroll 1

@@ -91,7 +91,7 @@ cudaError_t launch_fwd_hopper_case(const FwdParams& p, cudaStream_t stream) {
 // consumer warpgroup, d 64 128 where fwd_two_warpgroups says so; the instances that may split are the
 // fixed offset's without a bias at d 64 (hopper::fwd_may_split), and a slot fits the larger tile.
 template <typename T, int D>
-int64_t hopper_fwd_split_slots(const FwdParams& p, int* slot_floats) {
+int64_t hopper_split_slots(const FwdParams& p, int* slot_floats) {
   constexpr int kWG = hopper::kFwdWsWG<D, false, false>;
   *slot_floats = hopper::fwd_split_slot_floats(D / 2, kWG);
   const HopperFwdKind kind = hopper_fwd_kind();

@@ -574,7 +574,7 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
     const cudaError_t err = fwd_causal_head_group(p, m_blocks, &grouped.head_group);
     if (err != cudaSuccess) return err;
   }
-  // The split tail, where the caller gave the slots for it (hopper_fwd_split_slots), as a 1-D grid.
+  // The split tail, where the caller gave the slots for it (hopper_split_slots), as a 1-D grid.
   if constexpr (hopper::fwd_may_split<D, L, kBias, kOnline>) {
     if (p.split_scratch != nullptr && p.split_count != nullptr && p.split_slots > 0) {
       int sms = 0;
