@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <unistd.h>
@@ -40,6 +39,7 @@
 #include "model/profile.h"
 #include "model/run_dir.h"
 #include "model/train_graph.h"
+#include "model/train_report.h"
 
 namespace flashcos::model {
 namespace fs = std::filesystem;
@@ -82,13 +82,6 @@ Precision resolve_precision(const std::string& p, const c10::Device& device) {
   throw std::invalid_argument("--precision must be auto, bf16, fp16 or fp32, got '" + p + "'");
 }
 
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(seconds);
-  if (s >= 3600) return strf("%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s % 3600 / 60));
-  return strf("%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
-}
-
 double lr_at(const TrainConfig& cfg, int64_t step) {
   if (cfg.warmup > 0 && step < cfg.warmup) return cfg.lr * static_cast<double>(step + 1) / cfg.warmup;
   if (cfg.schedule == "cosine") {
@@ -103,28 +96,6 @@ double lr_at(const TrainConfig& cfg, int64_t step) {
 void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
-
-class MetricsLog {
- public:
-  explicit MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
-    if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
-  }
-  // A failed write (a full disk) is reported once; training goes on (the checkpoints have their own
-  // checks and retries).
-  void write(const nlohmann::json& record) {
-    out_ << record.dump() << '\n';
-    out_.flush();
-    if (!out_ && !warned_) {
-      warned_ = true;
-      log::error("could not write to the metrics file '" + path_ + "' (disk full?); its records from here on are lost");
-    }
-  }
-
- private:
-  std::string path_;
-  std::ofstream out_;
-  bool warned_ = false;
-};
 
 // The training run itself; dp is null for a single process (no distributed code on the path).
 int train_process(TrainConfig cfg, DataParallel* dp) {
@@ -269,57 +240,31 @@ int train_process(TrainConfig cfg, DataParallel* dp) {
   // ---- start-up table ----
   const int64_t tokens_per_step = cfg.batch * cfg.grad_accum * world * cfg.seq_len;
   if (main_rank) {
-  log::info(strf("flashcos train: run '%s' on %s, precision %s", cfg.run.c_str(),
-                 device_description(device).c_str(), precision.name.c_str()));
-  log::info(strf("  data        %s (train %lld / val %lld / test %lld bytes)", cfg.data.c_str(),
-                 static_cast<long long>(corpus.train.numel()), static_cast<long long>(corpus.val.numel()),
-                 static_cast<long long>(corpus.test.numel())));
-  log::info(strf("  model       dim %lld, depth %lld, heads %lld x %lld, %.2fM params, attention %s (%s)",
-                 static_cast<long long>(cfg.model.dim), static_cast<long long>(cfg.model.depth),
-                 static_cast<long long>(cfg.model.heads), static_cast<long long>(cfg.model.dim_head),
-                 cfg.model.num_parameters() / 1e6, cfg.model.attention.c_str(), cfg.model.attention_impl.c_str()));
-  if (dp) {
-    log::info("  parallel    " + dp->describe());
-    log::info("  comm        " + dp->backend_settings());
-    log::info(strf("  batch       %lld x %lld accum x %lld ranks x %lld tokens = %lld tokens/step (global batch %lld)",
-                   static_cast<long long>(cfg.batch), static_cast<long long>(cfg.grad_accum),
-                   static_cast<long long>(world), static_cast<long long>(cfg.seq_len),
-                   static_cast<long long>(tokens_per_step), static_cast<long long>(cfg.batch * cfg.grad_accum * world)));
-  } else {
-  log::info(strf("  batch       %lld x %lld accum x %lld tokens = %lld tokens/step", static_cast<long long>(cfg.batch),
-                 static_cast<long long>(cfg.grad_accum), static_cast<long long>(cfg.seq_len),
-                 static_cast<long long>(tokens_per_step)));
+    RunStart start;
+    start.device = device_description(device);
+    start.precision = precision.name;
+    start.train_bytes = corpus.train.numel();
+    start.val_bytes = corpus.val.numel();
+    start.test_bytes = corpus.test.numel();
+    if (dp) {
+      start.parallel = dp->describe();
+      start.comm = dp->backend_settings();
+    }
+    start.world = world;
+    start.tokens_per_step = tokens_per_step;
+    start.resumed_at = resume_path.empty() ? -1 : state.step;
+    start.determinism = deterministic_algorithms.has_value();
+    start.run_dir = run_dir.string();
+    log_run_start(cfg, start);
   }
-  log::info(strf("  optimiser   %s (betas %g, %g) lr %.3g (%s, warmup %lld), clip %.3g, steps %lld%s",
-                 cfg.weight_decay > 0 ? "AdamW" : "Adam", cfg.adam_beta1, cfg.adam_beta2, cfg.lr, cfg.schedule.c_str(),
-                 static_cast<long long>(cfg.warmup), cfg.clip_grad, static_cast<long long>(cfg.steps),
-                 resume_path.empty() ? "" : strf(", resumed at step %lld", static_cast<long long>(state.step)).c_str()));
-  if (deterministic_algorithms) {
-    const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
-    log::info(std::string("  determinism on: the attention's deterministic backward, libtorch's deterministic algorithms, ") +
-              "CUBLAS_WORKSPACE_CONFIG=" + (workspace ? workspace : "(unset)"));
-  }
-  log::info(strf("  output      %s (metrics.jsonl, latest.pt)", run_dir.string().c_str()));
-  }  // main_rank
 
   // [dp] ranks other than 0 write nothing: no metrics file, no config, no checkpoints.
   std::unique_ptr<MetricsLog> metrics_file;
   if (main_rank) metrics_file = std::make_unique<MetricsLog>((run_dir / "metrics.jsonl").string());
   auto write_metrics = [&](const nlohmann::json& record) {
-    if (metrics_file) metrics_file->write(record);
+    if (metrics_file) metrics_file->write(record.dump());
   };
-  if (main_rank) {
-    std::ofstream cfg_out(run_dir / "config.json");
-    cfg_out << nlohmann::json{{"train", nlohmann::json::parse(cfg.to_json())},
-                              {"model", nlohmann::json::parse(cfg.model.to_json())}}
-                   .dump(2)
-            << '\n';
-    cfg_out.flush();
-    if (!cfg_out) {
-      log::error("could not write '" + (run_dir / "config.json").string() + "' (disk full?); the checkpoints record "
-                 "the same configuration");
-    }
-  }
+  if (main_rank) write_run_config(run_dir, cfg);
 
   // A failed save (full disk, quota, file-size limit) is logged and retried at the next save;
   // the previous checkpoint stays in place (the write goes to a .tmp that is removed).
