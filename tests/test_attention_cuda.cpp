@@ -17,15 +17,11 @@
 // merged, l2norm on / off, groups, the exp kind, non-contiguous inputs) with a chosen subset of
 // the product, so the suite runs in about a minute.
 #include <flashcos/attention.h>
-#include "attention/cosine/core.h"
 #include "tests/attention_test_util.h"
 #include "tests/fused_attention_gpu.h"
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cmath>
