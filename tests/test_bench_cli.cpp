@@ -71,6 +71,8 @@ TEST(BenchCli, CpuRunWritesEveryMeasurement) {
   EXPECT_EQ(doc["config"]["seq_lens"], nlohmann::json({1, 63}));
   EXPECT_EQ(doc["config"]["dim_heads"], nlohmann::json({16}));
   EXPECT_EQ(doc["config"]["passes"], nlohmann::json({"fwd", "bwd", "fwd+bwd"}));
+  EXPECT_EQ(doc["config"]["warmup"], 1);
+  EXPECT_DOUBLE_EQ(doc["config"]["warmup_s"].get<double>(), 0.3);  // the default; the CPU ignores it
 
   // plain and tiled: a positive time and TFLOP/s for every pass x length, with the right FLOPs.
   std::map<std::string, std::set<std::string>> seen;  // impl -> "pass/seq_len"
@@ -202,6 +204,8 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("--rounds 2147483648", "--rounds");  // past an int: no longer wraps to 0 rounds
   expect_rejected("--iters 4294967297", "--iters");
   expect_rejected("--warmup 4294967296", "--warmup");
+  expect_rejected("--warmup-s -0.5", "--warmup-s");
+  expect_rejected("--warmup-s soon", "--warmup-s");
   expect_rejected("stray", "stray");
 }
 

@@ -78,8 +78,10 @@ int run(const BenchConfig& cfg) {
   std::printf("attention: %s   causal: %s   mask-prob: %g   bias: %s   scale: %g   l2norm: %s\n",
               cfg.attention.c_str(), cfg.causal ? "yes" : "no", cfg.mask_prob, cfg.bias.c_str(), cfg.scale,
               cfg.include_l2norm ? "timed" : "outside the timing");
-  std::printf("implementations: %s   warmup: %d   iters: %d (median; fewer past %gs)   rounds: %d\n",
-              impl_list.c_str(), cfg.warmup, cfg.iters, cfg.budget_s, cfg.rounds);
+  std::printf("implementations: %s   warmup: %d%s   iters: %d (median; fewer past %gs)   rounds: %d\n",
+              impl_list.c_str(), cfg.warmup,
+              cfg.cuda && cfg.warmup > 0 && cfg.warmup_s > 0 ? strf(" and %gs", cfg.warmup_s).c_str() : "", cfg.iters,
+              cfg.budget_s, cfg.rounds);
   if (cfg.attention == "fastmax") {
     std::printf(
         "fastmax: p %lld%s, temperature %g, chunk %lld; TFLOP/s counts the quadratic "
@@ -113,6 +115,7 @@ int run(const BenchConfig& cfg) {
                    {"dim_heads", cfg.dim_heads},
                    {"seq_lens", cfg.seq_lens},
                    {"warmup", cfg.warmup},
+                   {"warmup_s", cfg.warmup_s},
                    {"rounds", cfg.rounds},
                    {"iters", cfg.iters},
                    {"budget_s", cfg.budget_s},

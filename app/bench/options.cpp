@@ -179,7 +179,10 @@ cxxopts::Options make_options() {
       ("kernel", "the seed table's kernel column (default auto: fused where it runs, else tiled; "
                  "fastmax: fastmax-cuda, else fastmax-chunked)", text("auto"))
       ("baseline", "the seed table's baseline column", text("plain"))
-      ("warmup", "warm-up iterations", text("5"))
+      ("warmup", "warm-up iterations (0: none)", text("5"))
+      ("warmup-s", "on CUDA the warm-up also lasts at least this many seconds (at most half of --budget), "
+                   "so that the GPU's clocks settle under its power limit before the timing; 0: --warmup "
+                   "iterations only", text("0.3"))
       ("iters", "timed iterations (the median is reported)", text("30"))
       ("rounds", "time every implementation this many times per configuration, taking turns (the "
                  "order reversed every other round), and report each one's fastest round: evens "
@@ -308,6 +311,8 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   cfg.iters = static_cast<int>(parse_int("iters", r["iters"].as<std::string>(), 1, kMaxCount));
   cfg.budget_s = parse_double("budget", r["budget"].as<std::string>());
   if (cfg.budget_s <= 0) throw UsageError("--budget: expected a positive number of seconds");
+  cfg.warmup_s = parse_double("warmup-s", r["warmup-s"].as<std::string>());
+  if (cfg.warmup_s < 0) throw UsageError("--warmup-s: expected 0 or a positive number of seconds");
   cfg.seed = static_cast<uint64_t>(parse_int("seed", r["seed"].as<std::string>(), 0));
   cfg.json_path = r["json"].as<std::string>();
   return cfg;
