@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <optional>
