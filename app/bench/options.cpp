@@ -182,7 +182,7 @@ cxxopts::Options make_options() {
       ("warmup", "warm-up iterations (0: none)", text("5"))
       ("warmup-s", "on CUDA the warm-up also lasts at least this many seconds (at most half of --budget), "
                    "so that the GPU's clocks settle under its power limit before the timing; 0: --warmup "
-                   "iterations only", text("0.3"))
+                   "iterations only", text("1"))
       ("iters", "timed iterations (the median is reported)", text("30"))
       ("rounds", "time every implementation this many times per configuration, taking turns (the "
                  "order reversed every other round), and report each one's fastest round: evens "

@@ -46,7 +46,7 @@ struct BenchConfig {
   std::string kernel = "auto";       // the seed table's "kernel" column
   std::string baseline = "plain";    // the seed table's "baseline" column
   int warmup = 5;
-  double warmup_s = 0.3;  // on CUDA the warm-up also lasts this long (clocks settle under the power limit)
+  double warmup_s = 1.0;  // on CUDA the warm-up also lasts this long (clocks settle under the power limit)
   int rounds = 1;  // the implementations take turns this many times; the fastest round is kept
   int iters = 30;
   double budget_s = 2.0;  // per implementation x pass x config: fewer iterations when slow

@@ -37,10 +37,12 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
   // The cost of one iteration is taken from the last warm-up iteration: the first one carries
   // one-time costs (library handles, lazy module loading, allocator growth) that would cut the
   // iteration count of the first measurements (seen on the H100: 9 of 20 for a 0.4 ms config).
-  // On CUDA the warm-up also lasts cfg.warmup_s: under sustained load a GPU at its power limit lowers
-  // its clocks, and with a few ms of warm-up a short config's figure moved by up to 8 % between
-  // repeats and stood above the steady one (docs/performance.md, section 1, "Steady state"). Warm-up
-  // stops early once half the budget is spent, but not before two iterations; --warmup 0 skips it.
+  // On CUDA the warm-up also lasts cfg.warmup_s (1 s by default): under sustained load a GPU at its
+  // power limit lowers its clocks, and with a few ms of warm-up a short config's figure moved by up
+  // to 8 % between repeats and stood above the steady one; with 0.3 s an implementation that draws
+  // less power still moved by 11 % between two identical calls, with 1 s by 1 % (docs/performance.md,
+  // section 1, "Steady state"). Warm-up stops early once half the budget is spent, but not before
+  // two iterations; --warmup 0 skips it.
   const double warm_floor_s = cfg.cuda && cfg.warmup > 0 ? cfg.warmup_s : 0.0;
   int warm = 0;
   double per_iter = 0.0;
