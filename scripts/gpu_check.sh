@@ -21,7 +21,8 @@
 # ws-packed, ws-qsmem: the warp-specialised kernel without and with its overlapped schedule, that
 # dividing by the sum of the 16-bit P from the tensor cores, and from the packed P, and the default
 # with d 128's Q read from shared memory), forward only, bf16
-# d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind.
+# d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind, as
+# launched and on a persistent grid of 3 CTAs (FLASHCOS_HOPPER_FWD_PERSISTENT=3).
 # bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh): the attention
 # grid and the deterministic tests under each of BWD_GRID_KINDS (default ws-atomic), then backward only,
 # bf16 / fp16, d64 / d128, n 8192 / 16384, causal or not, for each of BWD_KINDS (default "ws-atomic ws"),
@@ -371,9 +372,12 @@ fi
 
 if has fwdkinds; then
   for kind in ${FWD_GRID_KINDS-ws ws-overlap ws-rounded ws-packed ws-qsmem}; do  # set and empty: no grid
-    FLASHCOS_HOPPER_FWD=$kind "$BUILD/flashcos_tests" --gtest_brief=1 --gtest_filter='Cuda/FusedAttention.*:*Qkv*' \
-        > "$LOG/grid_fwd_$kind.log" 2>&1
-    row "grid FLASHCOS_HOPPER_FWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind.log")"
+    for persist in "" 3; do  # 3: a persistent grid of 3 CTAs, causal too, each walking many tiles
+      FLASHCOS_HOPPER_FWD=$kind FLASHCOS_HOPPER_FWD_PERSISTENT=$persist "$BUILD/flashcos_tests" --gtest_brief=1 \
+          --gtest_filter='Cuda/FusedAttention.*:*Qkv*' > "$LOG/grid_fwd_$kind$persist.log" 2>&1
+      row "grid FLASHCOS_HOPPER_FWD=$kind${persist:+ FLASHCOS_HOPPER_FWD_PERSISTENT=$persist}" \
+          "rc $?: $(gtest_counts "$LOG/grid_fwd_$kind$persist.log")"
+    done
   done
   for c in "" "--causal"; do
     for kind in ws ws-overlap ws-rounded ws-packed ws-qsmem; do

@@ -120,6 +120,27 @@ TEST(HopperFwdRows, LongSequencesKeep192Rows) {
     }
   }
 }
+// The persistent grid: one CTA an SM where it has fewer CTAs than tiles, none otherwise; the default
+// only without a causal mask, "all" with one too, a count caps the CTAs (and ignores the mask).
+TEST(HopperFwdRows, PersistentGridSize) {
+  for (const int sms : {1, 7, 132}) {
+    for (const int64_t tiles : {int64_t(1), int64_t(sms), int64_t(sms) + 1, int64_t(1000), int64_t(1) << 31}) {
+      const int64_t want = tiles > sms ? sms : 0;
+      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentDefault, false, tiles, sms), want) << sms << " " << tiles;
+      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentDefault, true, tiles, sms), 0) << sms << " " << tiles;
+      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentAll, true, tiles, sms), want) << sms << " " << tiles;
+      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentAll, false, tiles, sms), want) << sms << " " << tiles;
+      EXPECT_EQ(fwd_persistent_ctas(0, false, tiles, sms), 0) << sms << " " << tiles;
+      for (const int64_t cap : {1, 3, 500}) {
+        const int64_t ctas = std::min<int64_t>(cap, sms);
+        for (const bool causal : {false, true}) {
+          EXPECT_EQ(fwd_persistent_ctas(cap, causal, tiles, sms), tiles > ctas ? ctas : 0) << cap << " " << tiles;
+        }
+      }
+    }
+  }
+}
+
 #else
 TEST(HopperFwdRows, NeedsTheCudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 #endif

@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include "attention/common/cuda/env_switch.h"
-#include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
+#include "attention/cosine/cuda/hopper/fwd_launch_ws.cuh"
 #include "attention/cosine/cuda/hopper/fwd_rows.h"
 
 namespace flashcos::cuda {

@@ -15,8 +15,12 @@
 //
 // CTA: warpgroup 0 is the producer (setmaxnreg gives its registers away; one thread issues every
 // TMA load), warpgroups 1 .. kWG own 64 query rows each (kBM = 64 kWG rows per CTA). Shared memory:
-// Q (kBM x D), and K, V in a ring of kStages stages (SW128 tiles, hopper/common.cuh). mbarriers:
+// Q (kBM x D), and K, V in a ring of kStages stages (SW128 tiles, hopper/common.cuh). A CTA runs
+// one tile (a row block, fwd_tile_work) or, on a persistent grid (fwd_launch_ws.cuh: d 128 and the
+// online max without a causal mask, one CTA an SM), several in turn. mbarriers:
 //   bar_q        Q landed (transaction count)
+//   bar_q_free   every consumer warp is done with the tile's Q (4 kWG arrivals; a persistent grid's
+//                producer waits for it before it loads the next tile's Q)
 //   full[s]      K and V of stage s landed (transaction count, the producer's one arrival)
 //   empty[s]     every consumer warp finished reading stage s (4 kWG arrivals)
 // The normaliser (FwdL below; since 2026-11-26 night the fp32 sum lt of the unrounded P, as
@@ -49,7 +53,6 @@
 
 #include <cuda.h>
 
-#include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/fwd_kernel.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/fwd_epilogue.cuh"
@@ -110,13 +113,51 @@ struct FwdWsTile {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kWG == 3 ? 160 : 240;
   static constexpr size_t kSmem = size_t(kQBytes) + size_t(kStages) * 2 * kKBytes + kOnesBytes +
-                                  (2 * kStages + 2) * sizeof(uint64_t) + kSw128Atom;  // + the split flag
+                                  (2 * kStages + 3) * sizeof(uint64_t) + kSw128Atom;  // + bar_q_free, the split flag
   static_assert(kSmem <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (65536 / threads,
   // rounded down to 8 per thread); asking for more makes the consumers' setmaxnreg.inc wait forever.
   static_assert(128 * (kProducerRegs + kWG * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
                 "registers allocated at launch");
 };
+
+// One tile of the forward: a row block of one (b, head), from row m0, over key blocks jb0 ..
+// jb0 + n_blocks - 1 (all of the row block's, or a split piece's share). Heaviest causal blocks
+// first. kBias: x = (row block, then the dim the bias is shared over) (the launcher's grid), so that
+// the CTAs running together read the same bias rows (from L2); one tile per CTA. Otherwise (b, head)s
+// in groups of p.head_group (head_groups.h), tile t the t-th block of that order; with the split tail
+// (split_tail.h; kMaySplit: d 64, the fixed offset without a bias) tiles from p.split_first on are
+// pieces of the last blocks, each over a share of the key blocks.
+struct FwdTileWork {
+  int m0, h, hkv, b, jb0, n_blocks;
+};
+template <int kBM, int kBN, bool kBias, bool kMaySplit>
+__device__ __forceinline__ FwdTileWork fwd_tile_work(const FwdParams& p, unsigned tile) {
+  SplitPiece piece{0, 0, 1, -1};
+  int m_block, h, b;
+  if constexpr (kBias) {
+    const int share = p.bias_batch_dim ? p.H : p.B, s = int(blockIdx.x % unsigned(share));
+    m_block = int(gridDim.x / unsigned(share)) - 1 - int(blockIdx.x / unsigned(share));
+    h = p.bias_batch_dim ? s : int(blockIdx.y);
+    b = p.bias_batch_dim ? int(blockIdx.y) : s;
+  } else {
+    const int m_blocks = (p.I + kBM - 1) / kBM;
+    if constexpr (kMaySplit) {
+      piece = split_piece(p, tile);
+    } else {
+      piece.block = int(tile);
+    }
+    const GroupedCta g = grouped_cta(unsigned(piece.block), m_blocks, p.B * p.H, p.head_group);
+    m_block = m_blocks - 1 - g.rank;
+    h = g.hb % p.H;
+    b = g.hb / p.H;
+  }
+  const int m0 = m_block * kBM;
+  const int n_end = p.causal ? min(p.J, m0 + kBM + p.J - p.I) : p.J;
+  const int n_all = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+  const int jb0 = split_piece_first(n_all, piece.piece, piece.pieces);
+  return {m0, h, h / (p.H / p.Hkv), b, jb0, split_piece_first(n_all, piece.piece + 1, piece.pieces) - jb0};
+}
 
 template <typename T, int D, bool kOverlap, FwdL L, bool kBias = false, bool kOnline = false, bool kQRegs = false,
           bool kWG2 = false>
@@ -141,46 +182,23 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
   uint64_t* bar_q = reinterpret_cast<uint64_t*>(sOnes + Tile::kOnesBytes);
   uint64_t* bar_full = bar_q + 1;
   uint64_t* bar_empty = bar_full + kStages;
-  int* split_flag = reinterpret_cast<int*>(bar_empty + kStages);  // the split tail's count (fwd_split_gather)
+  uint64_t* bar_q_free = bar_empty + kStages;
+  int* split_flag = reinterpret_cast<int*>(bar_q_free + 1);  // the split tail's count (fwd_split_gather)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
-  // Heaviest causal blocks first. kBias: x = (row block, then the dim the bias is shared over)
-  // (fwd_grid), so that the CTAs running together read the same bias rows (from L2). Otherwise
-  // (b, head)s in groups of p.head_group (head_groups.h), (m_blocks, H, B) blocks in index order;
-  // with the split tail (split_tail.h; kMaySplit: d 64, the fixed offset without a bias) a 1-D grid
-  // whose CTAs from p.split_first on are pieces of the last blocks, each over a share of the key blocks.
+  // This CTA's tiles (fwd_tile_work): first, first + stride, ... below count. A persistent grid
+  // (the launcher's choice, without a bias or a split tail) has fewer CTAs than tiles, and each CTA
+  // walks several: its producer loads the next tile's Q and first K / V blocks while the consumers
+  // finish the last one. The K / V ring and the barriers' phases run on across tiles.
   constexpr bool kMaySplit = fwd_may_split<D, L, kBias, kOnline>;
-  SplitPiece piece{0, 0, 1, -1};
-  int m_block, h, b;
-  if constexpr (kBias) {
-    const int share = p.bias_batch_dim ? p.H : p.B, s = int(blockIdx.x % unsigned(share));
-    m_block = int(gridDim.x / unsigned(share)) - 1 - int(blockIdx.x / unsigned(share));
-    h = p.bias_batch_dim ? s : int(blockIdx.y);
-    b = p.bias_batch_dim ? int(blockIdx.y) : s;
-  } else {
-    const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const int m_blocks = kMaySplit ? (p.I + kBM - 1) / kBM : int(gridDim.x);  // the split grid is 1-D
-    if constexpr (kMaySplit) {
-      piece = split_piece(p, block);
-    } else {
-      piece.block = int(block);
-    }
-    const GroupedCta g = grouped_cta(unsigned(piece.block), m_blocks, p.B * p.H, p.head_group);
-    m_block = m_blocks - 1 - g.rank;
-    h = g.hb % p.H;
-    b = g.hb / p.H;
-  }
-  const int hkv = h / (p.H / p.Hkv);
+  const unsigned tile_first = kBias ? 0u : blockIdx.x, tile_stride = kBias ? 1u : gridDim.x;
+  const unsigned tile_count = kBias ? 1u : kMaySplit ? gridDim.x : unsigned((p.I + kBM - 1) / kBM) * p.B * p.H;
   const int I = p.I, J = p.J;
   const int diag = J - I;  // causal: query r sees keys c <= r + diag
-  const int m0 = m_block * kBM;
-  const int n_end = p.causal ? min(J, m0 + kBM + diag) : J;
-  const int n_all = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
-  const int jb0 = split_piece_first(n_all, piece.piece, piece.pieces);  // this CTA's key blocks: jb0 ..
-  const int n_blocks = split_piece_first(n_all, piece.piece + 1, piece.pieces) - jb0;
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
+    mbar_init(bar_q_free, 4 * kWG);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_full + s, 1);
       mbar_init(bar_empty + s, 4 * kWG);
@@ -196,17 +214,25 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
       tma_prefetch_map(&maps.q);
       tma_prefetch_map(&maps.k);
       tma_prefetch_map(&maps.v);
-      mbar_arrive_expect_tx(bar_q, Tile::kQBytes);
-#pragma unroll
-      for (int blk = 0; blk < D / 64; ++blk) tma_load_4d(sQ + blk * kBM * kSw128Row, &maps.q, blk * 64, m0, h, b, bar_q);
-      for (int j = 0; j < n_blocks; ++j) {
-        const int s = j % kStages;
-        if (j >= kStages) mbar_wait(bar_empty + s, ((j / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kKBytes);
+      int kv = 0;  // the K / V blocks loaded for this CTA so far
+      for (unsigned tile = tile_first, it = 0; tile < tile_count; tile += tile_stride, ++it) {
+        const FwdTileWork w = fwd_tile_work<kBM, kBN, kBias, kMaySplit>(p, tile);
+        if (it > 0) mbar_wait(bar_q_free, (it - 1) & 1);  // every consumer warp is done with the last Q
+        mbar_arrive_expect_tx(bar_q, Tile::kQBytes);
 #pragma unroll
         for (int blk = 0; blk < D / 64; ++blk) {
-          tma_load_4d(sK + s * Tile::kKBytes + blk * kBlock, &maps.k, blk * 64, (jb0 + j) * kBN, hkv, b, bar_full + s);
-          tma_load_4d(sV + s * Tile::kKBytes + blk * kBlock, &maps.v, blk * 64, (jb0 + j) * kBN, hkv, b, bar_full + s);
+          tma_load_4d(sQ + blk * kBM * kSw128Row, &maps.q, blk * 64, w.m0, w.h, w.b, bar_q);
+        }
+        for (int j = 0; j < w.n_blocks; ++j, ++kv) {
+          const int s = kv % kStages;
+          if (kv >= kStages) mbar_wait(bar_empty + s, ((kv / kStages) - 1) & 1);
+          mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kKBytes);
+#pragma unroll
+          for (int blk = 0; blk < D / 64; ++blk) {
+            const int n = (w.jb0 + j) * kBN;
+            tma_load_4d(sK + s * Tile::kKBytes + blk * kBlock, &maps.k, blk * 64, n, w.hkv, w.b, bar_full + s);
+            tma_load_4d(sV + s * Tile::kKBytes + blk * kBlock, &maps.v, blk * 64, n, w.hkv, w.b, bar_full + s);
+          }
         }
       }
     }
@@ -217,8 +243,6 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
   regs_alloc<Tile::kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128;
   const int g = lane / 4, t = lane % 4;
-  const int wg_row0 = m0 + c * 64;
-  const int row0 = wg_row0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
   if constexpr (L == FwdL::kOnesCols || L == FwdL::kOnesMma) {
     // The block of ones (every byte, so the swizzle does not matter).
     const uint32_t one2 = pack2<T>(1.f, 1.f);
@@ -229,159 +253,29 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
     named_bar_sync<kStartBar, 128 * kWG>();
   }
   const uint32_t aQ = smem_addr(sQ), aK = smem_addr(sK), aV = smem_addr(sV), aOnes = smem_addr(sOnes);
-
-  float rO[kNO / 2];
-#pragma unroll
-  for (int i = 0; i < kNO / 2; ++i) rO[i] = 0.f;
-  float rLt[2] = {0.f, 0.f};  // fp32 row sums of the unrounded P (this thread's columns)
-  float rLr[2] = {0.f, 0.f};  // kPackedSum: fp32 row sums of the 16-bit P
-  float rL[4] = {0.f, 0.f, 0.f, 0.f};  // kOnesMma: P [1 x 8] (every column a row sum)
-  float rM[2] = {-INFINITY, -INFINITY};  // kOnline: running row max of the log2 logits
-  float rAlpha[2] = {1.f, 1.f};  // kOnline: the last block's rescale of O and l, applied by rescale_out
   const float scale_log2 = p.scale * kLog2e;
   const float offset_log2 = p.exp_kind ? 0.f : kOnline ? -scale_log2 : kFwdShiftLog2<T> - scale_log2;
-  FwdBias<kBN> bias;
-  if constexpr (kBias) {
-    bias.init(p, b, h, row0, t);
-    bias.prefetch(0);  // while Q and K_0 land
-  }
-
   // Descriptors as a base plus offsets (desc_add).
   const uint64_t q_desc = make_desc(aQ + c * 64 * kSw128Row, 16, kSw128Atom);
   const uint64_t k_desc = make_desc(aK, 16, kSw128Atom);
   // kQRegs (d 128 without a bias): this warpgroup's Q as A fragments in 32 registers, loaded once
   // by ldmatrix, so that S = Q K^T reads only K from shared memory (6 KB -> 4 KB a k-step).
   constexpr bool kQR = kQRegs && D == 128 && !kBias;
-  uint32_t rQ[kQR ? kKT : 1][4];
-  auto issue_s = [&](float (&rS)[kBN / 2], int stage) {
-    const uint64_t k_desc_s = desc_add(k_desc, stage * Tile::kKBytes);
-#pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      const uint64_t db = desc_add(k_desc_s, (kk / 4) * kBlock + (kk % 4) * 32);
-      if constexpr (kQR) {
-        Wgmma<T, kBN>::template rs<0>(rS, rQ[kk], db, kk > 0);
-      } else {
-        const uint64_t da = desc_add(q_desc, (kk / 4) * kBM * kSw128Row + (kk % 4) * 32);
-        Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);
-      }
-    }
-  };
-  auto issue_pv = [&](const uint32_t (&rP)[kPT][4], int stage) {
-    const uint32_t aVs = aV + stage * Tile::kKBytes;
-    const uint32_t lbo = Tile::kOnesSum ? aOnes - aVs : uint32_t(kBlock);
-    const uint64_t v_desc = make_desc(aVs, lbo, kSw128Atom);
-#pragma unroll
-    for (int kk = 0; kk < kPT; ++kk) {
-      Wgmma<T, kNO>::template rs<1>(rO, rP[kk], desc_add(v_desc, kk * 16 * kSw128Row), 1);
-      if constexpr (L == FwdL::kOnesMma) Wgmma<T, 8>::template rs<1>(rL, rP[kk], make_desc(aOnes, 16, 0), 1);
-    }
-  };
-  // rO (and rL) were written by a wgmma that has completed.
-  auto fence_out = [&] {
-    fence_regs(rO);
-    if constexpr (L == FwdL::kOnesMma) fence_regs(rL);
-  };
-  // kOnline: O and l (the ones columns of rO, or rL) from the previous block's max to the current
-  // one, once every P V wgmma under the previous max has completed; the fences keep the products
-  // ahead of the next wgmma_fence.
-  auto rescale_out = [&] {
-    if constexpr (kOnline) {
-#pragma unroll
-      for (int i = 0; i < kNO / 2; ++i) rO[i] *= rAlpha[(i / 2) % 2];
-      if constexpr (L == FwdL::kOnesMma) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) rL[i] *= rAlpha[i / 2];
-      }
-      fence_out();
-    }
-  };
-  // P = exp2(logit in log2 units) in place; keys past J, masked keys and keys above the causal
-  // diagonal give 0. The key mask: bit 2 q + e of `keep` is this thread's column n0 + 8 q + 2 t + e.
-  // kBias: rB is the block's bias (0 where not loaded). kOnline: the logits (-inf where P = 0) go
-  // to online_exp, which sets rAlpha and rescales rLt (rLr) at once.
   const bool has_mask = p.mask != nullptr;
-  const uint8_t* gMask = has_mask ? p.mask + int64_t(b) * p.mask_b_stride : nullptr;
-  // j: the CTA's key block (jb0 + j of the row's; kBias never splits, jb0 0 for its bias loads).
-  auto exp_block = [&](float (&rS)[kBN / 2], const float (&rB)[kBias ? kBN / 2 : 1], int j) {
-    const int n0 = (jb0 + j) * kBN;
-    const bool elementwise = has_mask || n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
-    uint32_t keep = 0xffffffffu;
-    if (has_mask) {
-      keep = 0;
-#pragma unroll
-      for (int q = 0; q < kBN / 8; ++q)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n0 + 8 * q + 2 * t + e;
-          keep |= uint32_t(col < J && gMask[int64_t(col) * p.mask_j_stride] != 0) << (2 * q + e);
-        }
-    }
-    if (!elementwise) {
-#pragma unroll
-      for (int i = 0; i < kBN / 2; ++i) {
-        float x = fmaf(rS[i], scale_log2, offset_log2);
-        if constexpr (kBias) x = fmaf(rB[i], kLog2e, x);
-        if constexpr (kOnline) {
-          rS[i] = x;
-        } else {
-          const float pe = fast_exp2(x);
-          rS[i] = pe;
-          rLt[(i / 2) % 2] += pe;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kBN / 2; ++i) {
-        const int col = n0 + (i / 4) * 8 + 2 * t + (i % 2);
-        const int r = row0 + 8 * ((i / 2) % 2);
-        const bool ok = col < J && (!p.causal || col <= r + diag) && ((keep >> (2 * (i / 4) + (i % 2))) & 1u);
-        if constexpr (kBias || kOnline) {
-          float x = fmaf(rS[i], scale_log2, offset_log2);
-          if constexpr (kBias) x = fmaf(rB[i], kLog2e, x);
-          if constexpr (kOnline) {
-            rS[i] = ok ? x : -INFINITY;
-          } else {
-            const float pe = ok ? fast_exp2(x) : 0.f;
-            rS[i] = pe;
-            rLt[(i / 2) % 2] += pe;
-          }
-        } else {  // the measured default's form (the one above compiles the plain kernel differently)
-          const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
-          rS[i] = pe;
-          rLt[(i / 2) % 2] += pe;
-        }
-      }
-    }
-    if constexpr (kOnline) {
-      online_exp(rS, rM, rAlpha, rLt);
-      if constexpr (L == FwdL::kPackedSum) {
-        rLr[0] *= rAlpha[0];  // the packed sums so far (P_{j-1} included: pack_p ran)
-        rLr[1] *= rAlpha[1];
-      }
-    }
-  };
-  // P -> 16-bit A fragments (and, without the ones columns, their row sums).
-  auto pack_p = [&](uint32_t (&rP)[kPT][4], const float (&rS)[kBN / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < kPT; ++kk) {
-      acc_to_frag<T>(rP[kk], rS, kk);
-      if constexpr (L == FwdL::kPackedSum) {
-        // The two 16-bit values of each packed pair, summed in fp32.
-        const float2 p0 = unpack2<T>(rP[kk][0]), p1 = unpack2<T>(rP[kk][1]);
-        const float2 p2 = unpack2<T>(rP[kk][2]), p3 = unpack2<T>(rP[kk][3]);
-        rLr[0] += (p0.x + p0.y) + (p2.x + p2.y);
-        rLr[1] += (p1.x + p1.y) + (p3.x + p3.y);
-      }
-    }
-  };
   // The consumer warp is done reading `stage` (its P V wgmma completed).
   auto release = [&](int stage) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_empty + stage);
   };
+  // The consumer warp is done reading this tile's Q (held in registers, or its last S completed).
+  auto release_q = [&] {
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_q_free);
+  };
   // The MMA token: consumer c waits for its turn (id 1 + c), then hands it to c + 1. The last
-  // hand-over of the last consumer is skipped (nobody waits for it); the first turn of consumer 0
-  // is given by consumer kWG - 1 at the start.
+  // hand-over of the last consumer in a tile is skipped (nobody waits for it); the first turn of
+  // consumer 0 in a tile is given by consumer kWG - 1 at its start.
   auto token_wait = [&] {
     if constexpr (kOverlap) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + c), "n"(256) : "memory");
   };
@@ -391,207 +285,266 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
     }
   };
 
-  mbar_wait(bar_q, 0);
-  if constexpr (kQR) {
-    // Lane l gives row l % 16 of the warp's 16 and 16-byte chunk l / 16 of the k-step (swizzled by
-    // the row % 8): matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15), the wgmma A fragment order.
-    const int qrow = c * 64 + warp * 16 + lane % 16;
+  int kv = 0;  // the K / V blocks consumed so far (the producer's count)
+  for (unsigned tile = tile_first, it = 0; tile < tile_count; tile += tile_stride, ++it) {
+    const FwdTileWork w = fwd_tile_work<kBM, kBN, kBias, kMaySplit>(p, tile);
+    const int m0 = w.m0, h = w.h, b = w.b, jb0 = w.jb0, n_blocks = w.n_blocks;
+    const int wg_row0 = m0 + c * 64;
+    const int row0 = wg_row0 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+
+    float rO[kNO / 2];
 #pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      const int chunk = ((kk % 4) * 2 + lane / 16) ^ (qrow % 8);
-      ldmatrix_x4(rQ[kk], sQ + (kk / 4) * kBM * kSw128Row + qrow * kSw128Row + chunk * 16);
+    for (int i = 0; i < kNO / 2; ++i) rO[i] = 0.f;
+    float rLt[2] = {0.f, 0.f};  // fp32 row sums of the unrounded P (this thread's columns)
+    float rLr[2] = {0.f, 0.f};  // kPackedSum: fp32 row sums of the 16-bit P
+    float rL[4] = {0.f, 0.f, 0.f, 0.f};  // kOnesMma: P [1 x 8] (every column a row sum)
+    float rM[2] = {-INFINITY, -INFINITY};  // kOnline: running row max of the log2 logits
+    float rAlpha[2] = {1.f, 1.f};  // kOnline: the last block's rescale of O and l, applied by rescale_out
+    FwdBias<kBN> bias;
+    if constexpr (kBias) {
+      bias.init(p, b, h, row0, t);
+      bias.prefetch(0);  // while Q and K_0 land
     }
-  }
-  if (n_blocks > 0) {
-    if constexpr (kOverlap) {
-      if (c == kWG - 1) asm volatile("bar.arrive %0, %1;\n" ::"r"(1), "n"(256) : "memory");
-      float rS[kBN / 2];
-      float rB[kBias ? kBN / 2 : 1];
-      uint32_t rP[kPT][4];
-      mbar_wait(bar_full, 0);
-      token_wait();
-      wgmma_fence();
-      issue_s(rS, 0);
-      wgmma_commit();
-      token_pass(false);
-      if constexpr (kBias) {
-        bias.load(rB, 0);
-        if (n_blocks > 1) bias.prefetch(kBN);
-      }
-      wgmma_wait<0>();
-      fence_regs(rS);
-      exp_block(rS, rB, 0);  // kOnline: O and l are still 0, nothing to rescale
-      pack_p(rP, rS);
-      for (int j = 1; j < n_blocks; ++j) {
-        const int stage = j % kStages, prev = (j - 1) % kStages;
-        mbar_wait(bar_full + stage, (j / kStages) & 1);
-        token_wait();
-        wgmma_fence();
-        issue_s(rS, stage);
-        wgmma_commit();
-        issue_pv(rP, prev);
-        wgmma_commit();
-        token_pass(false);
-        if constexpr (kBias) {  // in flight while the MMAs run
-          bias.load(rB, j * kBN);
-          if (j + 1 < n_blocks) bias.prefetch((j + 1) * kBN);
+
+    uint32_t rQ[kQR ? kKT : 1][4];
+    auto issue_s = [&](float (&rS)[kBN / 2], int stage) {
+      const uint64_t k_desc_s = desc_add(k_desc, stage * Tile::kKBytes);
+#pragma unroll
+      for (int kk = 0; kk < kKT; ++kk) {
+        const uint64_t db = desc_add(k_desc_s, (kk / 4) * kBlock + (kk % 4) * 32);
+        if constexpr (kQR) {
+          Wgmma<T, kBN>::template rs<0>(rS, rQ[kk], db, kk > 0);
+        } else {
+          const uint64_t da = desc_add(q_desc, (kk / 4) * kBM * kSw128Row + (kk % 4) * 32);
+          Wgmma<T, kBN>::template ss<0, 0>(rS, da, db, kk > 0);
         }
-        wgmma_wait<1>();  // S_j
-        fence_regs(rS);
-        exp_block(rS, rB, j);  // kOnline: the max m_j; lt rescaled, O and l not yet
-        if constexpr (kOnline) keep_ahead_of_wait(rLt);
-        wgmma_wait<0>();  // P_{j-1} V_{j-1}
-        fence_out();
-        rescale_out();   // kOnline: O and l (all of P_0 .. P_{j-1} in now) from m_{j-1} to m_j
-        hold_frags(rP);  // P_{j-1} stays in its registers until its wgmma completed
-        release(prev);
-        pack_p(rP, rS);
       }
-      token_wait();
-      wgmma_fence();
-      issue_pv(rP, (n_blocks - 1) % kStages);
-      wgmma_commit();
-      token_pass(true);
-      wgmma_wait<0>();
-      fence_out();
-      hold_frags(rP);
-      release((n_blocks - 1) % kStages);
-    } else {
-      for (int j = 0; j < n_blocks; ++j) {
-        const int stage = j % kStages;
-        mbar_wait(bar_full + stage, (j / kStages) & 1);
+    };
+    auto issue_pv = [&](const uint32_t (&rP)[kPT][4], int stage) {
+      const uint32_t aVs = aV + stage * Tile::kKBytes;
+      const uint32_t lbo = Tile::kOnesSum ? aOnes - aVs : uint32_t(kBlock);
+      const uint64_t v_desc = make_desc(aVs, lbo, kSw128Atom);
+#pragma unroll
+      for (int kk = 0; kk < kPT; ++kk) {
+        Wgmma<T, kNO>::template rs<1>(rO, rP[kk], desc_add(v_desc, kk * 16 * kSw128Row), 1);
+        if constexpr (L == FwdL::kOnesMma) Wgmma<T, 8>::template rs<1>(rL, rP[kk], make_desc(aOnes, 16, 0), 1);
+      }
+    };
+    // rO (and rL) were written by a wgmma that has completed.
+    auto fence_out = [&] {
+      fence_regs(rO);
+      if constexpr (L == FwdL::kOnesMma) fence_regs(rL);
+    };
+    // kOnline: O and l (the ones columns of rO, or rL) from the previous block's max to the current
+    // one, once every P V wgmma under the previous max has completed; the fences keep the products
+    // ahead of the next wgmma_fence.
+    auto rescale_out = [&] {
+      if constexpr (kOnline) {
+#pragma unroll
+        for (int i = 0; i < kNO / 2; ++i) rO[i] *= rAlpha[(i / 2) % 2];
+        if constexpr (L == FwdL::kOnesMma) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) rL[i] *= rAlpha[i / 2];
+        }
+        fence_out();
+      }
+    };
+    // P = exp2(logit in log2 units) in place; keys past J, masked keys and keys above the causal
+    // diagonal give 0. The key mask: bit 2 q + e of `keep` is this thread's column n0 + 8 q + 2 t + e.
+    // kBias: rB is the block's bias (0 where not loaded). kOnline: the logits (-inf where P = 0) go
+    // to online_exp, which sets rAlpha and rescales rLt (rLr) at once.
+    const uint8_t* gMask = has_mask ? p.mask + int64_t(b) * p.mask_b_stride : nullptr;
+    // j: the CTA's key block (jb0 + j of the row's; kBias never splits, jb0 0 for its bias loads).
+    auto exp_block = [&](float (&rS)[kBN / 2], const float (&rB)[kBias ? kBN / 2 : 1], int j) {
+      const int n0 = (jb0 + j) * kBN;
+      const bool elementwise = has_mask || n0 + kBN > J || (p.causal && n0 + kBN - 1 > wg_row0 + diag);
+      uint32_t keep = 0xffffffffu;
+      if (has_mask) {
+        keep = 0;
+#pragma unroll
+        for (int q = 0; q < kBN / 8; ++q)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = n0 + 8 * q + 2 * t + e;
+            keep |= uint32_t(col < J && gMask[int64_t(col) * p.mask_j_stride] != 0) << (2 * q + e);
+          }
+      }
+      if (!elementwise) {
+#pragma unroll
+        for (int i = 0; i < kBN / 2; ++i) {
+          float x = fmaf(rS[i], scale_log2, offset_log2);
+          if constexpr (kBias) x = fmaf(rB[i], kLog2e, x);
+          if constexpr (kOnline) {
+            rS[i] = x;
+          } else {
+            const float pe = fast_exp2(x);
+            rS[i] = pe;
+            rLt[(i / 2) % 2] += pe;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kBN / 2; ++i) {
+          const int col = n0 + (i / 4) * 8 + 2 * t + (i % 2);
+          const int r = row0 + 8 * ((i / 2) % 2);
+          const bool ok = col < J && (!p.causal || col <= r + diag) && ((keep >> (2 * (i / 4) + (i % 2))) & 1u);
+          if constexpr (kBias || kOnline) {
+            float x = fmaf(rS[i], scale_log2, offset_log2);
+            if constexpr (kBias) x = fmaf(rB[i], kLog2e, x);
+            if constexpr (kOnline) {
+              rS[i] = ok ? x : -INFINITY;
+            } else {
+              const float pe = ok ? fast_exp2(x) : 0.f;
+              rS[i] = pe;
+              rLt[(i / 2) % 2] += pe;
+            }
+          } else {  // the measured default's form (the one above compiles the plain kernel differently)
+            const float pe = ok ? fast_exp2(fmaf(rS[i], scale_log2, offset_log2)) : 0.f;
+            rS[i] = pe;
+            rLt[(i / 2) % 2] += pe;
+          }
+        }
+      }
+      if constexpr (kOnline) {
+        online_exp(rS, rM, rAlpha, rLt);
+        if constexpr (L == FwdL::kPackedSum) {
+          rLr[0] *= rAlpha[0];  // the packed sums so far (P_{j-1} included: pack_p ran)
+          rLr[1] *= rAlpha[1];
+        }
+      }
+    };
+    // P -> 16-bit A fragments (and, without the ones columns, their row sums).
+    auto pack_p = [&](uint32_t (&rP)[kPT][4], const float (&rS)[kBN / 2]) {
+#pragma unroll
+      for (int kk = 0; kk < kPT; ++kk) {
+        acc_to_frag<T>(rP[kk], rS, kk);
+        if constexpr (L == FwdL::kPackedSum) {
+          // The two 16-bit values of each packed pair, summed in fp32.
+          const float2 p0 = unpack2<T>(rP[kk][0]), p1 = unpack2<T>(rP[kk][1]);
+          const float2 p2 = unpack2<T>(rP[kk][2]), p3 = unpack2<T>(rP[kk][3]);
+          rLr[0] += (p0.x + p0.y) + (p2.x + p2.y);
+          rLr[1] += (p1.x + p1.y) + (p3.x + p3.y);
+        }
+      }
+    };
+
+    mbar_wait(bar_q, it & 1);
+    if constexpr (kQR) {
+      // Lane l gives row l % 16 of the warp's 16 and 16-byte chunk l / 16 of the k-step (swizzled by
+      // the row % 8): matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15), the wgmma A fragment order.
+      const int qrow = c * 64 + warp * 16 + lane % 16;
+#pragma unroll
+      for (int kk = 0; kk < kKT; ++kk) {
+        const int chunk = ((kk % 4) * 2 + lane / 16) ^ (qrow % 8);
+        ldmatrix_x4(rQ[kk], sQ + (kk / 4) * kBM * kSw128Row + qrow * kSw128Row + chunk * 16);
+      }
+      release_q();
+    }
+    if (n_blocks > 0) {
+      if constexpr (kOverlap) {
+        if (c == kWG - 1) asm volatile("bar.arrive %0, %1;\n" ::"r"(1), "n"(256) : "memory");
         float rS[kBN / 2];
         float rB[kBias ? kBN / 2 : 1];
+        uint32_t rP[kPT][4];
+        mbar_wait(bar_full + kv % kStages, (kv / kStages) & 1);
+        token_wait();
         wgmma_fence();
-        issue_s(rS, stage);
+        issue_s(rS, kv % kStages);
         wgmma_commit();
+        token_pass(false);
         if constexpr (kBias) {
-          bias.load(rB, j * kBN);
-          if (j + 1 < n_blocks) bias.prefetch((j + 1) * kBN);
+          bias.load(rB, 0);
+          if (n_blocks > 1) bias.prefetch(kBN);
         }
         wgmma_wait<0>();
         fence_regs(rS);
-        exp_block(rS, rB, j);
-        rescale_out();  // kOnline: P_{j-1} V_{j-1} completed in the previous step
-        uint32_t rP[kPT][4];
+        exp_block(rS, rB, 0);  // kOnline: O and l are still 0, nothing to rescale
         pack_p(rP, rS);
+        for (int j = 1; j < n_blocks; ++j) {
+          const int stage = (kv + j) % kStages, prev = (kv + j - 1) % kStages;
+          mbar_wait(bar_full + stage, ((kv + j) / kStages) & 1);
+          token_wait();
+          wgmma_fence();
+          issue_s(rS, stage);
+          wgmma_commit();
+          issue_pv(rP, prev);
+          wgmma_commit();
+          token_pass(false);
+          if constexpr (kBias) {  // in flight while the MMAs run
+            bias.load(rB, j * kBN);
+            if (j + 1 < n_blocks) bias.prefetch((j + 1) * kBN);
+          }
+          wgmma_wait<1>();  // S_j
+          fence_regs(rS);
+          exp_block(rS, rB, j);  // kOnline: the max m_j; lt rescaled, O and l not yet
+          if constexpr (kOnline) keep_ahead_of_wait(rLt);
+          wgmma_wait<0>();  // P_{j-1} V_{j-1}
+          fence_out();
+          rescale_out();   // kOnline: O and l (all of P_0 .. P_{j-1} in now) from m_{j-1} to m_j
+          hold_frags(rP);  // P_{j-1} stays in its registers until its wgmma completed
+          release(prev);
+          pack_p(rP, rS);
+        }
+        token_wait();
         wgmma_fence();
-        issue_pv(rP, stage);
+        issue_pv(rP, (kv + n_blocks - 1) % kStages);
         wgmma_commit();
+        token_pass(true);
         wgmma_wait<0>();
         fence_out();
         hold_frags(rP);
-        release(stage);
+        release((kv + n_blocks - 1) % kStages);
+      } else {
+        for (int j = 0; j < n_blocks; ++j) {
+          const int stage = (kv + j) % kStages;
+          mbar_wait(bar_full + stage, ((kv + j) / kStages) & 1);
+          float rS[kBN / 2];
+          float rB[kBias ? kBN / 2 : 1];
+          wgmma_fence();
+          issue_s(rS, stage);
+          wgmma_commit();
+          if constexpr (kBias) {
+            bias.load(rB, j * kBN);
+            if (j + 1 < n_blocks) bias.prefetch((j + 1) * kBN);
+          }
+          wgmma_wait<0>();
+          fence_regs(rS);
+          exp_block(rS, rB, j);
+          rescale_out();  // kOnline: P_{j-1} V_{j-1} completed in the previous step
+          uint32_t rP[kPT][4];
+          pack_p(rP, rS);
+          wgmma_fence();
+          issue_pv(rP, stage);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_out();
+          hold_frags(rP);
+          release(stage);
+        }
       }
     }
-  }
+    if constexpr (!kQR) release_q();
 
-  // A piece of a split block: its parts to its slot; the last piece adds them all and goes on.
-  if constexpr (kMaySplit) {  // the piece again (fewer registers live through the loop)
-    const SplitPiece tail = split_piece(p, blockIdx.x);
-    if (tail.pieces > 1 && !fwd_split_gather<kWG, kStartBar>(p, tail, rO, rLt, ctid, split_flag)) return;
-  }
-  // O / l, and lt (the rows' fp32 sums of the unrounded P) for the backward; kUnrounded's l is lt.
-  float lt[2], l[2];
+    // A piece of a split block: its parts to its slot; the last piece adds them all and goes on (the
+    // split grid has one tile a CTA).
+    if constexpr (kMaySplit) {  // the piece again (fewer registers live through the loop)
+      const SplitPiece tail = split_piece(p, tile);
+      if (tail.pieces > 1 && !fwd_split_gather<kWG, kStartBar>(p, tail, rO, rLt, ctid, split_flag)) return;
+    }
+    // O / l, and lt (the rows' fp32 sums of the unrounded P) for the backward; kUnrounded's l is lt.
+    float lt[2], l[2];
 #pragma unroll
-  for (int e0 = 0; e0 < 2; ++e0) {
-    lt[e0] = quad_sum(rLt[e0]);
-    l[e0] = Tile::kOnesSum            ? rO[4 * (D / 8) + 2 * e0]
-            : L == FwdL::kOnesMma     ? rL[2 * e0]
-            : L == FwdL::kPackedSum   ? quad_sum(rLr[e0])
-                                      : lt[e0];
+    for (int e0 = 0; e0 < 2; ++e0) {
+      lt[e0] = quad_sum(rLt[e0]);
+      l[e0] = Tile::kOnesSum            ? rO[4 * (D / 8) + 2 * e0]
+              : L == FwdL::kOnesMma     ? rL[2 * e0]
+              : L == FwdL::kPackedSum   ? quad_sum(rLr[e0])
+                                        : lt[e0];
+    }
+    store_fwd_rows<T, D, kOnline>(p, rO, l, lt, rM, b, h, row0, t);
+    kv += n_blocks;
   }
-  store_fwd_rows<T, D, kOnline>(p, rO, l, lt, rM, b, h, row0, t);
 #endif
 }
 
 }  // namespace flashcos::cuda::hopper
-
-namespace flashcos::cuda {
-
-// The forward's head groups (head_groups.h) for a grid of m_blocks row blocks per (b, head): 1 (each
-// (b, head)'s blocks in turn) but under a causal mask, there grown until a group's CTAs fill the
-// SMs. FLASHCOS_HOPPER_FWD_CAUSAL_GROUP=g (read once) fixes it for causal grids, for comparisons.
-inline cudaError_t fwd_causal_head_group(const FwdParams& p, unsigned m_blocks, int* group) {
-  static const int forced = env_count("FLASHCOS_HOPPER_FWD_CAUSAL_GROUP", 0);
-  *group = 1;
-  if (!p.causal) return cudaSuccess;
-  if (forced > 0) {
-    *group = forced;
-    return cudaSuccess;
-  }
-  int sms = 0;
-  const cudaError_t err = current_device_sm_count(&sms);
-  if (err != cudaSuccess) return err;
-  *group = hopper::filling_head_group(1, m_blocks, int64_t(p.B) * p.H, sms);
-  return cudaSuccess;
-}
-
-// FLASHCOS_HOPPER_FWD_SPLIT=0 (read once): no split tail (hopper/split_tail.h), for comparisons.
-inline bool hopper_fwd_split_enabled() {
-  static const bool on = env_switch_on("FLASHCOS_HOPPER_FWD_SPLIT");
-  return on;
-}
-
-// The split tail (hopper/split_tail.h) of a forward without a causal mask or a bias (the fixed
-// offset: the instances of hopper::fwd_may_split, d 64), in CTAs of bm query rows, on sms SMs; none
-// otherwise. Its steps are the rows' 128-key blocks. At most 2 x sms pieces: their slots take 34 x 384
-// floats each (hopper::fwd_split_slot_floats), 13 MiB on 132 SMs.
-inline hopper::TailSplit hopper_fwd_split(const FwdParams& p, int bm, int sms) {
-  if (!hopper_fwd_split_enabled() || p.causal || p.bias != nullptr) return {};
-  const int64_t ctas = int64_t((p.I + bm - 1) / bm) * p.H * p.B;
-  return hopper::choose_tail_split(ctas, (p.J + 127) / 128, sms, 2 * int64_t(sms));
-}
-
-// The warp-specialised forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot
-// address the inputs (the caller then runs the sm_80 kernels).
-// kBias: p.bias is set; kOnline: fwd_needs_online(p) (the launcher picks both from p).
-template <typename T, int D, bool kOverlap, hopper::FwdL L = hopper::kDefaultFwdL, bool kBias = false,
-          bool kOnline = false, bool kQRegs = false, bool kWG2 = false>
-cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
-  using Tile = hopper::FwdWsTile<D, L, hopper::kFwdWsWG<D, kBias, kOnline, kWG2>>;
-  constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
-  hopper::FwdTmaMaps maps;
-  // The maps have the head dim p.D (<= D): columns past it load as zeros.
-  if (p.D > D) return cudaErrorNotSupported;
-  const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, p.D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
-  const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, p.D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
-  const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, p.D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
-  if (make_sw128_tile_map(&maps.q, q, Tile::kBM) != cudaSuccess ||
-      make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
-      make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
-    return cudaErrorNotSupported;
-  }
-  // With a bias (H, I, J) the batches of one (row block, head) run side by side, with a (B, I, J)
-  // one the heads: the bias rows they read are the same (4 bytes a logit, the biased forward's bound).
-  const unsigned m_blocks = unsigned((p.I + Tile::kBM - 1) / Tile::kBM);
-  dim3 grid = !kBias ? dim3(m_blocks, p.H, p.B)
-                     : p.bias_batch_dim ? dim3(m_blocks * p.H, p.B, 1) : dim3(m_blocks * p.B, p.H, 1);
-  FwdParams grouped = p;
-  grouped.split_first = INT32_MAX;  // launcher-owned, as head_group
-  grouped.split_pieces = 1;
-  if (!kBias) {
-    const cudaError_t err = fwd_causal_head_group(p, m_blocks, &grouped.head_group);
-    if (err != cudaSuccess) return err;
-  }
-  // The split tail, where the caller gave the slots for it (hopper_split_slots), as a 1-D grid.
-  if constexpr (hopper::fwd_may_split<D, L, kBias, kOnline>) {
-    if (p.split_scratch != nullptr && p.split_count != nullptr && p.split_slots > 0) {
-      int sms = 0;
-      const cudaError_t err = current_device_sm_count(&sms);
-      if (err != cudaSuccess) return err;
-      const hopper::TailSplit split = hopper_fwd_split(p, Tile::kBM, sms);
-      const int64_t blocks = int64_t(m_blocks) * p.H * p.B;
-      const int64_t ctas = blocks + int64_t(split.units) * (split.pieces - 1);
-      if (split.units > 0 && int64_t(split.units) * split.pieces <= p.split_slots && ctas <= int64_t(INT32_MAX)) {
-        grouped.split_first = int(blocks - split.units);
-        grouped.split_pieces = split.pieces;
-        grid = dim3(unsigned(ctas));
-      }
-    }
-  }
-  return launch_with_smem(hopper::fwd_hopper_ws_kernel<T, D, kOverlap, L, kBias, kOnline, kQRegs, kWG2>, grid,
-                          Tile::kThreads, Tile::kSmem, stream, maps, grouped);
-}
-
-}  // namespace flashcos::cuda
