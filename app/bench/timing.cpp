@@ -41,8 +41,8 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
   // power limit lowers its clocks, and with a few ms of warm-up a short config's figure moved by up
   // to 8 % between repeats and stood above the steady one; with 0.3 s an implementation that draws
   // less power still moved by 11 % between two identical calls, with 1 s by 1 % (docs/performance.md,
-  // section 1, "How the warm-up moves the figures"). Warm-up stops early once half the budget is spent, but not before
-  // two iterations; --warmup 0 skips it.
+  // section 1, "How the warm-up moves the figures"). Warm-up stops early once half the budget is
+  // spent, but not before two iterations; --warmup 0 skips it.
   const double warm_floor_s = cfg.cuda && cfg.warmup > 0 ? cfg.warmup_s : 0.0;
   int warm = 0;
   double per_iter = 0.0;
