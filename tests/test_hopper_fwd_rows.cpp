@@ -120,6 +120,7 @@ TEST(HopperFwdRows, LongSequencesKeep192Rows) {
     }
   }
 }
+
 // The persistent grid: one CTA an SM where it has fewer CTAs than tiles, none otherwise; the default
 // only without a causal mask, "all" with one too, a count caps the CTAs (and ignores the mask).
 TEST(HopperFwdRows, PersistentGridSize) {

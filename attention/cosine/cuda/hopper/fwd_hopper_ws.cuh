@@ -94,6 +94,10 @@ constexpr int kFwdWsWG = D == 64 && !kBias && !kOnline && !kWG2 ? 3 : 2;
 // ncu 0.7-1.1 % more cycles with it, where the plan's model promised 1.5 % fewer (d 64: +2.7 / +3.5 %).
 template <int D, FwdL L, bool kBias, bool kOnline>
 constexpr bool fwd_may_split = D == 64 && L == FwdL::kUnrounded && !kBias && !kOnline;
+// The instances that may run on a persistent grid (fwd_launch_ws.cuh): the others' grid has one CTA
+// a tile (the bias's 2-D grid, the split tail's pieces).
+template <int D, FwdL L, bool kBias, bool kOnline>
+constexpr bool fwd_may_persist = !kBias && !fwd_may_split<D, L, kBias, kOnline>;
 
 template <int D, FwdL L = kDefaultFwdL, int WG = kFwdWsWG<D, false, false>>
 struct FwdWsTile {
@@ -192,7 +196,9 @@ __global__ void __launch_bounds__(FwdWsTile<D, L, kFwdWsWG<D, kBias, kOnline, kW
   // finish the last one. The K / V ring and the barriers' phases run on across tiles.
   constexpr bool kMaySplit = fwd_may_split<D, L, kBias, kOnline>;
   const unsigned tile_first = kBias ? 0u : blockIdx.x, tile_stride = kBias ? 1u : gridDim.x;
-  const unsigned tile_count = kBias ? 1u : kMaySplit ? gridDim.x : unsigned((p.I + kBM - 1) / kBM) * p.B * p.H;
+  const unsigned tile_count = fwd_may_persist<D, L, kBias, kOnline> ? unsigned((p.I + kBM - 1) / kBM) * p.B * p.H
+                              : kBias                               ? 1u
+                                                                    : gridDim.x;
   const int I = p.I, J = p.J;
   const int diag = J - I;  // causal: query r sees keys c <= r + diag
 

@@ -112,7 +112,7 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
         grid = dim3(unsigned(ctas));
       }
     }
-  } else if constexpr (!kBias) {
+  } else if constexpr (hopper::fwd_may_persist<D, L, kBias, kOnline>) {
     // A persistent grid: one CTA an SM (the tile's shared memory leaves room for no second).
     static_assert(2 * Tile::kSmem > 228 * 1024, "one CTA an SM");
     int sms = 0;

@@ -58,9 +58,12 @@ inline bool fwd_prefer_128_rows(const FwdGridShape& s) {
 inline constexpr int64_t kFwdPersistentDefault = -1;
 inline constexpr int64_t kFwdPersistentAll = -2;
 inline int64_t fwd_persistent_ctas(int64_t mode, bool causal, int64_t tiles, int sms) {
-  const int64_t ctas = mode > 0                                                           ? std::min<int64_t>(mode, sms)
-                       : mode == kFwdPersistentAll || (mode == kFwdPersistentDefault && !causal) ? sms
-                                                                                          : 0;
+  int64_t ctas = 0;
+  if (mode > 0) {
+    ctas = std::min<int64_t>(mode, sms);
+  } else if (mode == kFwdPersistentAll || (mode == kFwdPersistentDefault && !causal)) {
+    ctas = sms;
+  }
   return ctas > 0 && tiles > ctas ? ctas : 0;
 }
 
