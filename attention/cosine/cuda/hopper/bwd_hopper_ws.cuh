@@ -121,29 +121,30 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint64_t* bar_kv = bar_ds_empty + 2;
   uint64_t* bar_dq_full = bar_kv + 1;       // kTmaDq: consumer c stored its dQ part (128 arrivals)
   uint64_t* bar_dq_empty = bar_dq_full + 2;  // the producer's reduction has read it (1 arrival)
-  uint64_t* bar_kv_empty = bar_dq_empty + 2;  // the consumers are done with the item's K, V (256 arrivals)
-  int* split_flag = reinterpret_cast<int*>(bar_kv_empty + 1);  // the split tail's count (split_gather)
-  // Tile::kMayPersist: the item queue's barriers and slots (BwdItemQueue).
-  const BwdItemQueue queue{reinterpret_cast<int*>(bar_kv_empty + 6), bar_kv_empty + 2, bar_kv_empty + 4};
 
   // wg (and warp) broadcast from lane 0: the compiler then knows them warp-uniform and keeps the
   // wgmma descriptors built from them in uniform registers.
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0);
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
-  // This CTA's items (bwd_item: a key block of a (b, kv head), or a piece of one): blockIdx.x, and on
-  // a persistent grid (fewer CTAs than items: the plain instance, bwd_hopper.cuh, which then gives
-  // p.item_counter) the next from the item queue (BwdItemQueue) as it comes free, until one past the
-  // grid's. Any other grid has a CTA an item (in the other instances `persistent` is a constant false,
-  // and their code that of one item).
-  const int64_t items = kMaySplit ? bwd_grid_items(p, int64_t(n_blocks) * heads_batches) : int64_t(gridDim.x);
-  const bool persistent = kMaySplit && Tile::kMayPersist && int64_t(gridDim.x) < items;
-  // The steps' first row: on the kBM-row grid but in the plain 80-row instance (bwd_rows).
-  const bool rows_on_grid = !kDqT || p.bwd_rows_on_grid;
-  auto item_at = [&](unsigned w) { return bwd_item(p, w, kBN, kBM, kMaySplit, kBias, rows_on_grid, kDet); };
+  // A piece of a split block takes a share of its steps (split_tail.h); every other CTA all of them.
+  const SplitPiece piece = kMaySplit ? split_piece(p, blockIdx.x) : SplitPiece{int(blockIdx.x), 0, 1, -1};
+  const BwdCta cta = bwd_cta(p, unsigned(piece.block), n_blocks, heads_batches);
+  const int n_block = cta.n_block, hb = cta.hb;
+  // kBias with an (H, I, J) bias: batch fastest, so that the CTAs of one (key block, head) run side
+  // by side and their bias loads and dbias reductions meet in L2 (with band 1, choose_bwd_order).
+  const bool batch_fastest = kBias && !p.bias_batch_dim;
+  const int hkv = batch_fastest ? hb / p.B : hb % p.Hkv, b = batch_fastest ? hb % p.B : hb / p.Hkv;
   const int group = p.H / p.Hkv;
   const int I = p.I, J = p.J, H = p.H;
   const int diag = J - I;
+  const int n0 = n_block * kBN;
+  // The steps' first row: on the kBM-row grid but in the plain 80-row instance (bwd_rows).
+  const BwdRows rows = bwd_rows(p, n0, kBM, !kDqT || p.bwd_rows_on_grid);
+  const int per_head = rows.per_head;
+  const int n_iters = group * per_head;  // the block's steps
+  const int step0 = split_piece_first(n_iters, piece.piece, piece.pieces);
+  const int n_steps = split_piece_first(n_iters, piece.piece + 1, piece.pieces) - step0;  // this CTA's
 
   if (tid == 0) {
 #pragma unroll
@@ -157,8 +158,6 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       mbar_init(bar_ds_empty + s, kConsumerThreads / 32);
     }
     mbar_init(bar_kv, 1);
-    mbar_init(bar_kv_empty, kConsumerThreads);
-    if constexpr (kMaySplit && Tile::kMayPersist) queue.init();
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       mbar_init(bar_dq_full + s, 128);
@@ -168,37 +167,24 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   }
   __syncthreads();
 
-  // Step it of an item covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks
-  // inner, from unit turns.rot() in the rotated deterministic order (DqTurns; p.det_rotate, not
-  // causal). The barriers' phases and the buffers count the CTA's steps over its items.
+  // Step it covers query head steps.h(it), rows steps.m0(it) ..: heads outer, row blocks inner,
+  // from unit turns.rot() in the rotated deterministic order (DqTurns; p.det_rotate, not causal).
+  const BwdOrder order = bwd_order(p, cta, hkv * group, rows, kBM, n_iters, kDet);
+  const DqTurns turns = order.turns;
+  BwdSteps piece_steps = order.steps;
+  if (kMaySplit) piece_steps.rot = step0;  // a piece starts at its first step (rot is 0 here otherwise)
+  const BwdSteps steps = piece_steps;
+
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
     // its registers away.
     regs_dealloc<Tile::kProducerRegs>();
     if (kTmaDq && (warp == 1 || warp == 2) && lane == 0) {
-      int done = 0;  // the CTA's steps in earlier items
-      unsigned w = blockIdx.x;
-      for (int item = 0;; ++item) {
-        const BwdItem x = item_at(w);
-        bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, x.b, x.hkv,
-                                             x.order.turns, x.n_steps, x.order.steps, done, w);
-        done += x.n_steps;
-        if (!persistent) break;
-        w = queue.read(item);
-        if (int64_t(w) >= items) break;
-      }
+      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, hkv, turns, n_steps,
+                                           steps);
     } else if (warp == 0) {
-      int done = 0;
-      unsigned w = blockIdx.x;
-      for (int item = 0;; ++item) {
-        const BwdItem x = item_at(w);
-        bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
-                                      bar_empty, lane, x.n0, x.hkv, x.b, x.n_steps, x.order.steps, done, item);
-        done += x.n_steps;
-        if (!persistent) break;
-        w = __shfl_sync(0xffffffffu, lane == 0 ? queue.publish(p.item_counter, item) : 0u, 0);
-        if (int64_t(w) >= items) break;
-      }
+      bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_full, bar_empty, lane, n0, hkv,
+                                    b, n_steps, steps);
     }
     return;
   }
@@ -209,6 +195,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const uint32_t aK = smem_addr(sK), aV = smem_addr(sV), aQ = smem_addr(sQ), adO = smem_addr(sdO);
   const uint32_t adS = smem_addr(sdS);
+  const int wg_key0 = n0 + c * 64;
   const int key_local0 = c * 64 + warp * 16 + g;
   // store_ds's stmatrix: lane l gives row l % 8 of matrix l / 8 (keys 8 ((l / 8) % 2) + l % 8 of the
   // warp's 16, 16-byte chunk 2 kk + l / 16, swizzled by the key row % 8 = l % 8).
@@ -219,31 +206,18 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // warp's 16 keys), swizzled by the row % 8 = l % 8.
   const uint32_t dst_row_addr = adS + uint32_t(c * kBM + 8 * (lane / 16) + lane % 8) * kSw128Row +
                                 ((uint32_t(2 * warp + (lane / 8) % 2) ^ uint32_t(lane % 8)) << 4);
-  const bool has_mask = p.mask != nullptr;
-  const float scale_log2 = p.scale * kLog2e;
-  // kFoldScale: dS carries the scale (dS' = scale dS, D_i scaled by the producer), so dQ = dS' K and
-  // dK = dS'^T Q need no multiply; otherwise it is applied where dQ and dK are written.
-  const float ds_scale = kFoldScale ? p.scale : 1.f, dqk_scale = kFoldScale ? 1.f : p.scale;
-  int stage = 0;       // the Q / dO stage of the next step, and its phase
-  uint32_t phase = 0;
-  int done = 0;        // the CTA's steps in earlier items
-  unsigned w = blockIdx.x;
-  for (int item = 0;; ++item) {
-  const BwdItem x = item_at(w);
-  const int n0 = x.n0, hkv = x.hkv, b = x.b;
-  const BwdRows rows = x.rows;
-  const int per_head = rows.per_head;
-  const int n_steps = x.n_steps;
-  const DqTurns turns = x.order.turns;
-  const BwdSteps steps = x.order.steps;
-  const int wg_key0 = n0 + c * 64;
   // This thread's two keys n0 + key_local0 + 8 e0: inside J and not masked out.
+  const bool has_mask = p.mask != nullptr;
   bool key_ok[2];
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
     const int col = n0 + key_local0 + 8 * e0;
     key_ok[e0] = col < J && (!has_mask || p.mask[int64_t(b) * p.mask_b_stride + int64_t(col) * p.mask_j_stride]);
   }
+  const float scale_log2 = p.scale * kLog2e;
+  // kFoldScale: dS carries the scale (dS' = scale dS, D_i scaled by the producer), so dQ = dS' K and
+  // dK = dS'^T Q need no multiply; otherwise it is applied where dQ and dK are written.
+  const float ds_scale = kFoldScale ? p.scale : 1.f, dqk_scale = kFoldScale ? 1.f : p.scale;
 
   float rdK[D / 2], rdV[D / 2], rdQ[Tile::kDqRegs];
 #pragma unroll
@@ -279,8 +253,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   auto flush_dq = [&](int it) {
     if constexpr (kTmaDq) {
       // This consumer's part into its staging tile (SW128, fp32: 4 floats per 16-byte chunk), for
-      // the producer's reduction; its reduction of the CTA's step before must have read the tile.
-      if (done + it > 0) mbar_wait(bar_dq_empty + c, (done + it - 1) & 1);
+      // the producer's reduction; its reduction of step it - 1 must have read the tile.
+      if (it > 0) mbar_wait(bar_dq_empty + c, (it - 1) & 1);
       unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
       if constexpr (kDqT) {
         stage_dq_transposed<Tile>(tile, rdQ, dqk_scale, warp, g, t);
@@ -312,7 +286,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
                       rdQ[4 * i + 2 * e0 + 1] * dqk_scale);
     }
   };
-  // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer (done + it) % 2), B = K (N-major). 128-row steps:
+  // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row steps:
   // this consumer's 64 rows (row block c of the tile), every column; 64-row steps: every row, half
   // the columns (d 64: 64 bytes into the swizzled rows; d 128: the second column block).
   // Descriptors of the tiles' first bytes; every operand's is one of these plus an offset.
@@ -326,15 +300,14 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // columns), B = dS^T (K-major: the rows x keys tile, keys in column blocks of 64).
   const uint64_t ds_desc_k = make_desc(adS, 16, kSw128Atom);
   auto issue_dq = [&](int it) {
-    const int buf = (done + it) & 1;
     if constexpr (kDqT) {
 #pragma unroll
       for (int kk = 0; kk < kNT; ++kk)
         Wgmma<T, kBM>::template ss<1, 0>(
             rdQ, desc_add(k_desc_n, c * kBN * kSw128Row + kk * 16 * kSw128Row),
-            desc_add(ds_desc_k, buf * Tile::kSBytes + (kk / 4) * kBM * kSw128Row + (kk % 4) * 32), kk > 0);
+            desc_add(ds_desc_k, (it & 1) * Tile::kSBytes + (kk / 4) * kBM * kSw128Row + (kk % 4) * 32), kk > 0);
     } else {
-      const uint32_t s_off = buf * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
+      const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
       const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
 #pragma unroll
       for (int kk = 0; kk < kNT; ++kk)
@@ -343,7 +316,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     }
   };
 
-  mbar_wait(bar_kv, item & 1);
+  mbar_wait(bar_kv, 0);
+  int stage = 0;
+  uint32_t phase = 0;
   // One step; kPrev (it > 0 as a constant, so that every path has a fixed number of MMA groups in
   // flight): dQ(it - 1) is still to do.
   // The stats of this thread's rows 8 q + 2 t, + 1 (q < N / 2) of a stage into dst[2 q], dst[2 q + 1]
@@ -388,7 +363,6 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   }
   auto run_step = [&](int it, auto prev) {
     constexpr bool kPrev = decltype(prev)::value;
-    const int gi = done + it;  // the CTA's step: its dS buffer gi % 2 and the barriers' phases
     const int m0 = m0_next;
     [[maybe_unused]] const int h = h_next;
     mbar_wait(bar_full + stage, phase);
@@ -417,12 +391,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // 2 kk + j / 2 of those key rows (ds_row_addr, ds_chunk_x: this lane's row and swizzle).
     auto store_ds = [&] {
       if constexpr (kDqT) {  // rows x keys: k-step kk is rows 16 kk ..
-        const uint32_t buf = dst_row_addr + (gi & 1) * Tile::kSBytes;
+        const uint32_t buf = dst_row_addr + (it & 1) * Tile::kSBytes;
 #pragma unroll
         for (int kk = 0; kk < kMT; ++kk)
           stmatrix_x4_trans(buf + kk * 16 * kSw128Row, rdSf[kk][0], rdSf[kk][1], rdSf[kk][2], rdSf[kk][3]);
       } else {
-        const uint32_t buf = ds_row_addr + (gi & 1) * Tile::kSBytes;
+        const uint32_t buf = ds_row_addr + (it & 1) * Tile::kSBytes;
 #pragma unroll
         for (int kk = 0; kk < kMT; ++kk)
           stmatrix_x4(buf + (kk / 4) * kBN * kSw128Row + ((uint32_t((2 * kk) % 8) ^ ds_chunk_x) << 4), rdSf[kk][0],
@@ -551,7 +525,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
     }
-    if (gi >= 2) mbar_wait(bar_ds_empty + (gi & 1), ((gi - 2) >> 1) & 1);
+    if (it >= 2) mbar_wait(bar_ds_empty + (it & 1), ((it - 2) >> 1) & 1);
     store_ds();
     // dK reads dS from registers: issued before the proxy fence, which waits for the dS stores that
     // only the other consumer's dQ reads.
@@ -559,13 +533,13 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     issue_kv_grad(rdK, rdSf, desc_add(q_desc_n, stage_off));
     wgmma_commit();
     fence_proxy_async();
-    mbar_arrive(bar_ds_full + (gi & 1));
+    mbar_arrive(bar_ds_full + (it & 1));
     // kTmaDq: dQ(it - 1) goes in right behind dK, so that the tensor cores are not left idle
     // while this warpgroup waits for dK; otherwise it is issued once dV and dK completed (with the
     // atomics, issuing it early measured the same: H100 bf16 n 8192 d64 341 against 337 TFLOP/s).
     constexpr bool early_dq = kTmaDq && kPrev;
     if constexpr (early_dq) {
-      mbar_wait(bar_ds_full + ((gi - 1) & 1), ((gi - 1) >> 1) & 1);
+      mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
       wgmma_fence();
       issue_dq(it - 1);
       wgmma_commit();
@@ -582,7 +556,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     mbar_arrive(bar_empty + stage);
     if constexpr (kPrev) {
       if constexpr (!early_dq) {
-        mbar_wait(bar_ds_full + ((gi - 1) & 1), ((gi - 1) >> 1) & 1);
+        mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
         wgmma_fence();
         issue_dq(it - 1);
         wgmma_commit();
@@ -590,7 +564,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       wgmma_wait<0>();
       fence_regs(rdQ);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ds_empty + ((gi - 1) & 1));
+      if (lane == 0) mbar_arrive(bar_ds_empty + ((it - 1) & 1));
       flush_dq(it - 1);
     }
     if (++stage == kStages) {
@@ -602,36 +576,26 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   if (n_steps > 0) run_step(0, std::false_type{});
   for (int it = 1; it < n_steps; ++it) run_step(it, std::true_type{});
   if (n_steps > 0) {
-    const int last = n_steps - 1, glast = done + last;
-    mbar_wait(bar_ds_full + (glast & 1), (glast >> 1) & 1);
+    const int last = n_steps - 1;
+    mbar_wait(bar_ds_full + (last & 1), (last >> 1) & 1);
     wgmma_fence();
     issue_dq(last);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(rdQ);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ds_empty + (glast & 1));  // for the next item's steps
     if (kTmaDq && last >= 1) hand_off_dq();  // dQ(last - 1), flushed in the last step
     flush_dq(last);
     if (kTmaDq) hand_off_dq();
     if (kDet && !kTmaDq) count_unit(last);
   }
-  // K and V free for the next item's (every MMA that read them has completed).
-  mbar_arrive(bar_kv_empty);
-  done += n_steps;
 
-  bool last_piece = true;  // not a piece of a split block, or its piece that counted last
   if constexpr (kMaySplit) {
     // A piece: its parts to its slot; the piece that counts last sums every piece's and stores them.
-    // (The piece found again from the item's index, not kept in registers through the loop.)
-    const SplitPiece tail = split_piece(p, w);
-    if (tail.pieces > 1) last_piece = split_gather<D>(p, tail, rdK, rdV, tid - 128, split_flag);
+    // (The piece found again from the block index, not kept in registers through the loop.)
+    const SplitPiece tail = split_piece(p, blockIdx.x);
+    if (tail.pieces > 1 && !split_gather<D>(p, tail, rdK, rdV, tid - 128, reinterpret_cast<int*>(sRowC))) return;
   }
-  if (last_piece) store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);
-  if (!persistent) break;
-  w = queue.read(item);
-  if (int64_t(w) >= items) break;
-  }
+  store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);
 #endif
 }
 

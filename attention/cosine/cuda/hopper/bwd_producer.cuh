@@ -1,6 +1,6 @@
 // The Hopper backward's tiles, tensor maps and producer warpgroup (warpgroup 0 of
 // bwd_hopper_ws.cuh's kernel, whose header explains the schedule and the barriers):
-//   bwd_load      warp 0: K, V of each item by TMA; per step the row stats c_i, D_i (plain loads into
+//   bwd_load      warp 0: K, V once by TMA; per step the row stats c_i, D_i (plain loads into
 //                 registers before the stage is free, then into shared memory at Tile::stat_slot)
 //                 and Q, dO by TMA into stage it % kStages;
 //   bwd_dq_reduce warp 1 + c, one lane (kTmaDq): consumer c's dQ part of each step, added to the fp32
@@ -58,12 +58,7 @@ struct BwdWsTile {
   static_assert(!kTmaDq || kNQ == 64, "a consumer's dQ part is 64 columns");
   // Registers of a consumer's dQ part (fp32, one warpgroup's wgmma accumulator).
   static constexpr int kDqRegs = kDqT ? kBM / 2 : kNQ / 2;
-  // A persistent grid's item queue (BwdItemQueue) has no room beside the 3 stages of d 128's 64-row
-  // steps (8 bytes to spare): those instances run a CTA an item.
-  static constexpr bool kMayPersist = kStages == 2;
-  // The stages' full / empty, dS full / empty, K / V full / empty, dQ full / empty, the split flag and,
-  // kMayPersist, the item queue's two full / empty barriers and two slots (bwd_hopper_ws_kernel).
-  static constexpr int kBarriers = 2 * kStages + 11 + (kMayPersist ? 5 : 0);
+  static constexpr int kBarriers = 2 * kStages + 9;
   // Row stats (c_i, D_i) of a stage in shared memory, ordered by the consumer thread that reads them:
   // rows 8 q + 2 t + h (q < kBM / 8, h < 2) of quad lane t at t kStatStride + 2 q + h, so that each
   // thread's are contiguous (float4 loads); the 4 floats of padding per t keep those loads free of
@@ -78,58 +73,16 @@ struct BwdWsTile {
   static constexpr int kConsumerRegs = 240;
   static constexpr size_t kSmem = size_t(2) * kKBytes + 2 * kStages * size_t(kQBytes) + 2 * size_t(kSBytes) +
                                   kDqBytes + 2 * kStages * kStatSlots * sizeof(float) + kBarriers * sizeof(uint64_t) +
-                                  kSmemAlignPad;
+                                  kSw128Atom;
   static_assert(kSmem <= 227 * 1024, "shared memory");
   static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= 168 * kThreads, "registers allocated at launch");
 };
 
-// A persistent grid's item queue: after its first item (blockIdx.x) each CTA takes the next from
-// p.item_counter (zeroed by the caller) as it comes free, so that the SMs that run ahead take more
-// (with a fixed stride the work spread unevenly: ncu, run AG2, d 64 the busiest SM 10 % above the
-// mean). The producer's warp 0 fetches the next item once it has issued the last one's loads and
-// hands it to the consumers and the dQ warps through two slots of shared memory: item j past the
-// first in slot j % 2, its (j / 2)-th use.
-//   full[s]   the slot holds its item (1 arrival: the producer's lane 0)
-//   empty[s]  the 256 consumer threads and the 2 dQ warps' lanes have read it (258 arrivals)
-// An item past the grid's ends every role's loop.
-struct BwdItemQueue {
-  int* slot;  // 2 ints
-  uint64_t* full;
-  uint64_t* empty;
-  static constexpr int kReaders = 256 + 2;
-  __device__ __forceinline__ void init() const {
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, kReaders);
-    }
-  }
-  // The producer's lane 0: the next item, published as item j past the first.
-  __device__ __forceinline__ unsigned publish(int* counter, int j) const {
-    const unsigned w = gridDim.x + unsigned(atomicAdd(counter, 1));
-    const int s = j & 1, use = j >> 1;
-    if (use > 0) mbar_wait(empty + s, (use - 1) & 1);
-    slot[s] = int(w);
-    mbar_arrive(full + s);
-    return w;
-  }
-  // A consumer thread or a dQ warp's lane: item j past the first.
-  __device__ __forceinline__ unsigned read(int j) const {
-    const int s = j & 1;
-    mbar_wait(full + s, (j >> 1) & 1);
-    const unsigned w = unsigned(*reinterpret_cast<volatile int*>(slot + s));
-    mbar_arrive(empty + s);
-    return w;
-  }
-};
-
-// Warp 1 + cc's lane 0 (kTmaDq): consumer cc's dQ part of each step of item w (bwd_item) into the
-// accumulator; `done`: the CTA's steps in its earlier items (the barriers' phases count on).
+// Warp 1 + cc's lane 0 (kTmaDq): consumer cc's dQ part of each step into the accumulator.
 template <typename Tile, bool kDet, bool kDetAhead>
 __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdParams& p, unsigned char* sdQ,
                                               uint64_t* bar_dq_full, uint64_t* bar_dq_empty, int cc, int b,
-                                              int hkv, const DqTurns& turns, int n_iters, const BwdSteps& steps,
-                                              int done, unsigned w) {
+                                              int hkv, const DqTurns& turns, int n_iters, const BwdSteps& steps) {
   constexpr bool kSplitRows = Tile::kSplitRows;
   const int I = p.I, H = p.H;
   // dQ: consumer cc's part of step k, added to the accumulator by a TMA reduction once the
@@ -175,7 +128,7 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
     if constexpr (kDet && kDetAhead) {
       if (row0 < I) wait_turn();
     }
-    mbar_wait(bar_dq_full + cc, (done + k) & 1);
+    mbar_wait(bar_dq_full + cc, k & 1);
     if (row0 < I) {
       if constexpr (kDet && !kDetAhead) wait_turn();
 #pragma unroll
@@ -198,48 +151,34 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
   if (p.dq_done != nullptr) {
     fence_proxy_async_global();
     __threadfence();
-    dq_unit_done(p.dq_done + (int64_t(b) * p.Hkv + hkv), w < unsigned(p.split_first) ? p.split_pieces : 1);
+    dq_unit_done(p.dq_done + (int64_t(b) * p.Hkv + hkv), blockIdx.x < unsigned(p.split_first) ? p.split_pieces : 1);
   }
 }
 
-// Warp 0, for one item (bwd_item) of the CTA's: its K, V, then each step's row stats and Q, dO
-// (kFoldScale: D_i times the scale, as the bf16 consumers use it). `done`: the CTA's steps in its
-// earlier items (the stages and their phases count on); `item`: their count. A later item's K, V
-// wait for the consumers to be done with the last (bar_kv_empty), after the item's first stages,
-// which go in while the last item's steps finish.
+// Warp 0: K, V once, then each step's row stats and Q, dO (kFoldScale: D_i times the scale, as the
+// bf16 consumers use it).
 template <typename Tile, int D, bool kFoldScale>
 __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams& p, unsigned char* sK,
                                          unsigned char* sV, unsigned char* sQ, unsigned char* sdO, float* sRowC,
-                                         float* sDelta, uint64_t* bar_kv, uint64_t* bar_kv_empty,
-                                         uint64_t* bar_full, uint64_t* bar_empty, int lane, int n0, int hkv, int b,
-                                         int n_iters, const BwdSteps& steps, int done, int item) {
+                                         float* sDelta, uint64_t* bar_kv, uint64_t* bar_full, uint64_t* bar_empty,
+                                         int lane, int n0, int hkv, int b, int n_iters, const BwdSteps& steps) {
   constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kStages = Tile::kStages, kStatsPerLane = (kBM + 31) / 32;
   const int I = p.I, H = p.H;
-  if (lane == 0 && item == 0) {
+  if (lane == 0) {
     tma_prefetch_map(&maps.q);
     tma_prefetch_map(&maps.dout);
-  }
-  auto load_kv = [&] {
-    if (lane != 0) return;
-    if (item > 0) mbar_wait(bar_kv_empty, (item - 1) & 1);
     mbar_arrive_expect_tx(bar_kv, 2 * Tile::kKBytes);
 #pragma unroll
     for (int blk = 0; blk < D / 64; ++blk) {
       tma_load_4d(sK + blk * kBN * kSw128Row, &maps.k, blk * 64, n0, hkv, b, bar_kv);
       tma_load_4d(sV + blk * kBN * kSw128Row, &maps.v, blk * 64, n0, hkv, b, bar_kv);
     }
-  };
-  // K, V go in before step kv_at's stage (at the start in the first item, whose code is that of the
-  // instances with a CTA an item: with the load in the loop their consumers spilled more, run AG3's
-  // biased backward 5 % slower).
-  const int kv_at = item == 0 ? 0 : min(kStages, n_iters);
-  if (kv_at == 0) load_kv();
+  }
   const float* gRowC = static_cast<const float*>(p.row_offset);
   const float* gDelta = static_cast<const float*>(p.delta);
   const float delta_scale = kFoldScale ? p.scale : 1.f;  // D_i as the consumers use it
   for (int it = 0; it < n_iters; ++it) {
-    if (kv_at > 0 && it == kv_at) load_kv();
-    const int gi = done + it, s = gi % kStages, h = steps.h(it), m0 = steps.m0(it);
+    const int s = it % kStages, h = steps.h(it), m0 = steps.m0(it);
     float rc[kStatsPerLane], rd[kStatsPerLane];
 #pragma unroll
     for (int i = 0; i < kStatsPerLane; ++i) {
@@ -248,7 +187,7 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
       rc[i] = r < I ? gRowC[row] : -INFINITY;
       rd[i] = r < I ? gDelta[row] * delta_scale : 0.f;
     }
-    if (gi >= kStages) mbar_wait(bar_empty + s, ((gi / kStages) - 1) & 1);
+    if (it >= kStages) mbar_wait(bar_empty + s, ((it / kStages) - 1) & 1);
 #pragma unroll
     for (int i = 0; i < kStatsPerLane; ++i) {
       if (kBM % 32 != 0 && lane + 32 * i >= kBM) break;
@@ -266,7 +205,6 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
       mbar_arrive(bar_full + s);
     }
   }
-  if (kv_at > 0 && kv_at >= n_iters) load_kv();  // a later item of no more steps than kStages
 }
 
 }  // namespace flashcos::cuda::hopper

@@ -22,9 +22,6 @@ namespace flashcos::cuda::hopper {
 
 constexpr int kSw128Row = 128;   // bytes per swizzled row
 constexpr int kSw128Atom = 1024; // bytes per 8-row swizzle atom
-// What aligning the dynamic shared memory up to a swizzle atom may take: its start is 16-byte
-// aligned (CUDA C++ Programming Guide), so at most kSw128Atom - 16 bytes.
-constexpr int kSmemAlignPad = kSw128Atom - 16;
 
 // Byte offset of element (r, c) in a SW128 tile of `rows` rows.
 __device__ __forceinline__ int sw128_offset(int rows, int r, int c) {
