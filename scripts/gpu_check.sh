@@ -24,7 +24,8 @@
 # d64 / d128, n 8192, causal or not, and the attention grid under each warp-specialised kind, as
 # launched and on a persistent grid of 3 CTAs (FLASHCOS_HOPPER_FWD_PERSISTENT=3).
 # bwdkinds: the Hopper backward kinds side by side (FLASHCOS_HOPPER_BWD, bwd_hopper.cuh): the attention
-# grid and the deterministic tests under each of BWD_GRID_KINDS (default ws-atomic), then backward only,
+# grid and the deterministic tests under each of BWD_GRID_KINDS (default ws-atomic) and on a persistent grid
+# of 3 CTAs (FLASHCOS_HOPPER_BWD_PERSISTENT=3), then backward only,
 # bf16 / fp16, d64 / d128, n 8192 / 16384, causal or not, for each of BWD_KINDS (default "ws-atomic ws"),
 # BWDKINDS_ROUNDS (default 2) rounds. The table lists TFLOP/s in that order. STEP_TIMEOUT: seconds
 # allowed to each of these commands (none by default).
@@ -394,6 +395,10 @@ if has bwdkinds; then
         > "$LOG/grid_bwd_$kind.log" 2>&1
     row "grid FLASHCOS_HOPPER_BWD=$kind" "rc $?: $(gtest_counts "$LOG/grid_bwd_$kind.log")"
   done
+  # The default kind on a persistent grid of 3 CTAs, causal too, each walking many key blocks.
+  FLASHCOS_HOPPER_BWD_PERSISTENT=3 ${STEP_TIMEOUT:+timeout $STEP_TIMEOUT} "$BUILD/flashcos_tests" --gtest_brief=1 \
+      --gtest_filter='Cuda/FusedAttention.*:*Qkv*:*Determin*:*SplitTail*' > "$LOG/grid_bwd_persistent3.log" 2>&1
+  row "grid FLASHCOS_HOPPER_BWD_PERSISTENT=3" "rc $?: $(gtest_counts "$LOG/grid_bwd_persistent3.log")"
   for c in "" "--causal"; do
     for kind in ${BWD_KINDS:-ws-atomic ws}; do
       FLASHCOS_HOPPER_BWD=$kind ${STEP_TIMEOUT:+timeout $STEP_TIMEOUT} "$TRAIN" bench $c --impls fused --only-backwards --dtype bf16,fp16 --dim-head 64,128 \

@@ -330,6 +330,35 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, FusedAttention, ::testing::ValuesIn(all_params()), param_name);
 
+// The backward on its persistent grid (bwd_hopper.cuh): under a causal mask its plain instance runs
+// one CTA an SM once there are more items than SMs (here 33 key blocks x 8 (b, kv head)s = 264, with
+// GQA 132 x 2 query heads), each CTA taking its next key block from a counter as it comes free, its
+// barriers' phases and dS buffers counting on over its blocks. Against float64 as the grid (2x the
+// plain ops' error + eps / 4), with a key mask, bf16 and fp16, d 64 and 128. (The grid's small cases,
+// with and without a causal mask and split-tail pieces, run on 3 CTAs in scripts/gpu_check.sh
+// bwdkinds: FLASHCOS_HOPPER_BWD_PERSISTENT=3.)
+TEST_F(FusedAttentionMisc, BackwardPersistentGridMatchesFloat64) {
+  const std::vector<Case> cases = {C("d64_persistent_causal", 2, 4, 4, 4200, 4200, 64).causal(),
+                                   C("d128_persistent_causal", 2, 4, 4, 4200, 4200, 128).causal(),
+                                   C("d128_persistent_gqa_mask_causal", 2, 4, 2, 4200, 4200, 128).causal().mask()};
+  for (const Case& c : cases) {
+    for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+      at::manual_seed(int64_t(name_seed(c.name)));
+      const Inputs in = rounded(make_inputs(c), dt);
+      const Outputs ref = run_api(c, in, /*fused=*/false, at::kDouble);
+      const Outputs run = run_api(c, in, /*fused=*/true, dt);
+      const Errors e = errors_vs(run, ref, c.scale);
+      const Errors be = errors_vs(run_api(c, in, /*fused=*/false, dt), ref, c.scale);
+      const double floor = dtype_eps(dt) / 4;
+      std::printf("[ errors   ] %-32s %-4s fused dq %.2e dk %.2e dv %.2e | plain dq %.2e dk %.2e dv %.2e\n",
+                  c.name.c_str(), dtype_name(dt).c_str(), e.dq, e.dk, e.dv, be.dq, be.dk, be.dv);
+      EXPECT_LE(e.dq, 2 * be.dq + floor) << c.name << " " << dtype_name(dt) << " dq";
+      EXPECT_LE(e.dk, 2 * be.dk + floor) << c.name << " " << dtype_name(dt) << " dk";
+      EXPECT_LE(e.dv, 2 * be.dv + floor) << c.name << " " << dtype_name(dt) << " dv";
+    }
+  }
+}
+
 // fp16 backward where dP - D_i passes fp16's 65504 while dS = P (dP - D_i) does not: the last 6
 // rows of dO scaled by 6000 (|dP| up to ~6000 sqrt(D) 4), the rest as usual; the last rows, so that
 // a causal row sees ~300 keys and P stays ~1/300 (row 1 sees 2 keys: P ~ 1/2, dS itself past 65504).

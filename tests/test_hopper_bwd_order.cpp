@@ -267,6 +267,53 @@ TEST(HopperBwdOrderNegative, RotatedBandWiderThanTheSmsDeadlocks) {
   std::map<Unit, std::vector<int>> adds;
   EXPECT_FALSE(simulate(on16, grid, 1, &adds));
 }
+// The plain kernel's items (bwd_item), with and without a split tail, taken in any order (a
+// persistent grid hands them out as its CTAs come free; here a random permutation): the steps of each
+// key block's items (whole, or its pieces) cover the block's units once, and bwd_grid_items counts
+// the split blocks' pieces.
+TEST(HopperBwdItems, ItemsCoverEveryBlocksStepsOnce) {
+  std::mt19937 rng(7);
+  for (const bool causal : {false, true}) {
+    for (const int n : {1000, 8192}) {
+      for (const int bm : {64, 80}) {
+        for (const int split_units : {0, 5}) {
+          const OrderCase c{"", 2, 4, 2, n, n, 128, causal, false, 132};
+          BwdParams p = params_of(c);
+          const int n_blocks = (n + kBN - 1) / kBN, heads_batches = c.B * c.Hkv, group = c.H / c.Hkv;
+          const int64_t blocks = int64_t(n_blocks) * heads_batches;
+          if (split_units > 0) {
+            p.split_first = int(blocks - split_units);
+            p.split_pieces = 3;
+          }
+          const int64_t items = bwd_grid_items(p, blocks);
+          EXPECT_EQ(items, blocks + (split_units > 0 ? 2 * split_units : 0));
+          std::vector<unsigned> order(static_cast<size_t>(items));
+          for (size_t w = 0; w < order.size(); ++w) order[w] = unsigned(w);
+          std::shuffle(order.begin(), order.end(), rng);
+          std::map<std::pair<int, int>, std::vector<int>> units;  // (key block, b x kv head): units seen
+          for (const unsigned w : order) {
+            const BwdItem x = bwd_item(p, w, kBN, bm, true, false, bm != 80, false);
+            ASSERT_EQ(x.n0, x.cta.n_block * kBN);
+            ASSERT_EQ(x.hkv, x.cta.hb % c.Hkv);
+            ASSERT_EQ(x.b, x.cta.hb / c.Hkv);
+            std::vector<int>& seen = units[{x.cta.n_block, x.cta.hb}];
+            seen.resize(size_t(group * x.rows.per_head), 0);
+            for (int s = 0; s < x.n_steps; ++s) {
+              const int u = x.order.steps.unit(s);
+              ASSERT_TRUE(u >= 0 && u < int(seen.size())) << "unit " << u;
+              ++seen[size_t(u)];
+            }
+          }
+          ASSERT_EQ(int64_t(units.size()), blocks);
+          for (const auto& [block, seen] : units)
+            for (size_t u = 0; u < seen.size(); ++u)
+              ASSERT_EQ(seen[u], 1) << "block " << block.first << " unit " << u << " causal " << causal << " n " << n;
+        }
+      }
+    }
+  }
+}
+
 #else
 TEST(HopperBwdOrder, NeedsTheCudaBuild) { GTEST_SKIP() << "bwd_order.h is part of the CUDA build"; }
 #endif

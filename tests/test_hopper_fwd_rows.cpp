@@ -6,6 +6,7 @@
 
 #ifdef FLASHCOS_WITH_CUDA
 #include "attention/cosine/cuda/hopper/fwd_rows.h"
+#include "attention/cosine/cuda/hopper/persistent_grid.h"
 #endif
 
 #include <algorithm>
@@ -121,25 +122,38 @@ TEST(HopperFwdRows, LongSequencesKeep192Rows) {
   }
 }
 
-// The persistent grid: one CTA an SM where it has fewer CTAs than tiles, none otherwise; the default
-// only without a causal mask, "all" with one too, a count caps the CTAs (and ignores the mask).
-TEST(HopperFwdRows, PersistentGridSize) {
+// A persistent grid (the forward's and the backward's): one CTA an SM where it has fewer CTAs than
+// items, none otherwise; the default where the launch says so (the forward without a causal mask, the
+// backward with one), "all" always, a count caps the CTAs (whatever the default).
+TEST(HopperPersistentGrid, Size) {
   for (const int sms : {1, 7, 132}) {
-    for (const int64_t tiles : {int64_t(1), int64_t(sms), int64_t(sms) + 1, int64_t(1000), int64_t(1) << 31}) {
-      const int64_t want = tiles > sms ? sms : 0;
-      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentDefault, false, tiles, sms), want) << sms << " " << tiles;
-      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentDefault, true, tiles, sms), 0) << sms << " " << tiles;
-      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentAll, true, tiles, sms), want) << sms << " " << tiles;
-      EXPECT_EQ(fwd_persistent_ctas(kFwdPersistentAll, false, tiles, sms), want) << sms << " " << tiles;
-      EXPECT_EQ(fwd_persistent_ctas(0, false, tiles, sms), 0) << sms << " " << tiles;
+    for (const int64_t items : {int64_t(1), int64_t(sms), int64_t(sms) + 1, int64_t(1000), int64_t(1) << 31}) {
+      const int64_t want = items > sms ? sms : 0;
+      EXPECT_EQ(persistent_ctas(kPersistentDefault, true, items, sms), want) << sms << " " << items;
+      EXPECT_EQ(persistent_ctas(kPersistentDefault, false, items, sms), 0) << sms << " " << items;
+      EXPECT_EQ(persistent_ctas(kPersistentAll, true, items, sms), want) << sms << " " << items;
+      EXPECT_EQ(persistent_ctas(kPersistentAll, false, items, sms), want) << sms << " " << items;
+      EXPECT_EQ(persistent_ctas(0, true, items, sms), 0) << sms << " " << items;
       for (const int64_t cap : {1, 3, 500}) {
         const int64_t ctas = std::min<int64_t>(cap, sms);
-        for (const bool causal : {false, true}) {
-          EXPECT_EQ(fwd_persistent_ctas(cap, causal, tiles, sms), tiles > ctas ? ctas : 0) << cap << " " << tiles;
+        for (const bool by_default : {false, true}) {
+          EXPECT_EQ(persistent_ctas(cap, by_default, items, sms), items > ctas ? ctas : 0) << cap << " " << items;
         }
       }
     }
   }
+}
+
+// The environment's spelling of the mode: unset or empty the default, "all", a count, "0" never
+// (as are words that are no count: atoi gives 0).
+TEST(HopperPersistentGrid, ModeFromEnvironment) {
+  EXPECT_EQ(persistent_mode(nullptr), kPersistentDefault);
+  EXPECT_EQ(persistent_mode(""), kPersistentDefault);
+  EXPECT_EQ(persistent_mode("all"), kPersistentAll);
+  EXPECT_EQ(persistent_mode("0"), 0);
+  EXPECT_EQ(persistent_mode("3"), 3);
+  EXPECT_EQ(persistent_mode("-5"), 0);
+  EXPECT_EQ(persistent_mode("off"), 0);
 }
 
 #else

@@ -165,6 +165,9 @@ struct BwdBuffers {
   // dq in 16 bits from the launcher: (B, Hkv) int32 counters zeroed with dq_accum, in its storage
   // (dq_finish.cuh); undefined where the caller converts dq_accum itself.
   at::Tensor dq_done;
+  // 16-bit kernels: one int32 zeroed with dq_accum, in its storage, from which the Hopper backward's
+  // persistent grid hands out its items (BwdParams::item_counter).
+  at::Tensor item_counter;
   at::Tensor dq_semaphore;  // deterministic mode, 16-bit kernels: (B, H, ceil(I / 16) + 1) int32 counters (dq_semaphore.cuh)
   at::Tensor dq_grid, dq_grid_kv;  // deterministic mode, cosine kind: (B, H, I) float, (B, Hkv, 2) int32 (dq_grid.h)
 };
@@ -190,6 +193,7 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
     p.dq_out = buf.dq.data_ptr();
     p.dq_done = buf.dq_done.data_ptr<int>();
   }
+  p.item_counter = buf.item_counter.defined() ? buf.item_counter.data_ptr<int>() : nullptr;
   p.dk = buf.dk.data_ptr();
   p.dv = buf.dv.data_ptr();
   p.dk_b_stride = buf.dk.stride(0), p.dk_h_stride = buf.dk.stride(1), p.dk_j_stride = buf.dk.stride(2);
@@ -274,14 +278,13 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
     buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
     // FLASHCOS_DQ_FINISH=0: dq by a copy here after the launch, as before dq_finish.cuh (read once).
     static const bool finish_on = fc::env_switch_on("FLASHCOS_DQ_FINISH");
-    if (buf.dq.defined() && finish_on) {  // one fill for dq_accum (B, H, I, D) and the counters
-      const int64_t n = B * H * I * D;
-      const at::Tensor storage = at::zeros({n + B * Hkv}, acc_opts);
-      buf.dq_accum = storage.narrow(0, 0, n).view({B, H, I, D});
-      buf.dq_done = storage.narrow(0, n, B * Hkv).view(at::kInt);
-    } else {
-      buf.dq_accum = at::zeros({B, H, I, D}, acc_opts);  // (B, H, I, D)
-    }
+    // One fill for dq_accum (B, H, I, D), the item counter and, with dq_finish, the heads' counters.
+    const bool finish = buf.dq.defined() && finish_on;
+    const int64_t n = B * H * I * D, counters = 1 + (finish ? B * Hkv : 0);
+    const at::Tensor storage = at::zeros({n + counters}, acc_opts);
+    buf.dq_accum = storage.narrow(0, 0, n).view({B, H, I, D});
+    buf.item_counter = storage.narrow(0, n, 1).view(at::kInt);
+    if (finish) buf.dq_done = storage.narrow(0, n + 1, B * Hkv).view(at::kInt);
     if (args.deterministic) buf.dq_semaphore = at::zeros({B, H, (I + 15) / 16 + 1}, q.options().dtype(at::kInt));
     // The Hopper backward rounds dq to each row's grid (its launcher computes the grid) and adds in
     // any order (dq_grid.h); the other kernels keep the ordered adds.

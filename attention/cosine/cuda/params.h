@@ -91,6 +91,9 @@ struct BwdParams : CommonParams {
   // warps count there each CTA's completed adds into its (b, kv head)'s dQ, so that dq_out's
   // conversion of a head starts while the other heads' CTAs still run (dq_finish.cuh).
   int* dq_done = nullptr;
+  // An int zeroed by the caller, or nullptr: the Hopper backward's persistent grid hands its items out
+  // from it (hopper/bwd_producer.cuh, BwdItemQueue); without it the grid has a CTA an item.
+  int* item_counter = nullptr;
   void* dk = nullptr;  // (B, Hkv, J, D), strides below (16-bit kernels: multiples of 8, 16-byte aligned)
   void* dv = nullptr;  // (B, Hkv, J, D), strides below
   int64_t dk_b_stride = 0, dk_h_stride = 0, dk_j_stride = 0;

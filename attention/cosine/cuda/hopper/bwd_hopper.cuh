@@ -14,6 +14,7 @@
 #include "attention/cosine/cuda/dq_grid.cuh"
 #include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/bwd_hopper_ws.cuh"
+#include "attention/cosine/cuda/hopper/persistent_grid.h"
 #include "attention/cosine/cuda/tuning.h"
 
 namespace flashcos::cuda {
@@ -90,6 +91,17 @@ inline hopper::TailSplit hopper_bwd_split(const BwdParams& p, int bm, int sms) {
   return hopper::choose_tail_split(blocks, steps, sms, 2 * int64_t(sms));
 }
 
+// The persistent grid's CTAs (hopper::persistent_ctas) for the plain instance's `items` (key blocks
+// and split pieces, hopper::bwd_grid_items), or 0. FLASHCOS_HOPPER_BWD_PERSISTENT (read once,
+// hopper::persistent_mode): unset, the grid is persistent under a causal mask (H200, run AG3, against one
+// CTA an item, backward TFLOP/s: causal +0.3 to +6.3 % at n 8192 and level at 16384, without a causal
+// mask -1.9 to +1.5 %; docs/kernels-tried.md item 27); "0" never; "all" always; a count n >= 1 at most n
+// CTAs (for tests).
+inline int64_t hopper_bwd_persistent_ctas(bool causal, int64_t items, int sms) {
+  static const int64_t mode = hopper::persistent_mode(std::getenv("FLASHCOS_HOPPER_BWD_PERSISTENT"));
+  return hopper::persistent_ctas(mode, causal, items, sms);
+}
+
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
 // unit cannot address the inputs, so that the caller can run the sm_80 kernels instead.
 template <typename T, int D, int BM, bool kTmaDq, bool kDetAhead = false>
@@ -151,9 +163,14 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
       }
     }
     auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
+    // A persistent grid (the kernel's kPersist) for the plain instance of the default kind, on tiles
+    // with room for its item queue, given the caller's counter; the others' grid has a CTA an item
+    // (the deterministic orders' turns want the blocks of a band resident together, bwd_order.h).
+    bool may_persist = kTmaDq && kDetAhead && Tile::kMayPersist && p.item_counter != nullptr;
     if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
       if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;
     } else {
+      may_persist = may_persist && !det && !fixed && p.bias == nullptr;
       if (p.bias != nullptr) {
         kernel = det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
                      : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>;
@@ -170,12 +187,23 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {  // any step size
       if (hopper_bwd_ds_fp32() && !det && !fixed && p.bias == nullptr) {
         kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
+        may_persist = false;
       }
     }
     // dq_out: converted by dq_finish_kernel, overlapped with the last wave where the dQ warps count
     // (kTmaDq: two counts per CTA), else after the kernel.
     const bool counted = kTmaDq && p.dq_out != nullptr && p.dq_done != nullptr;
     if (!counted) banded.dq_done = nullptr;
+    if constexpr (kTmaDq && kDetAhead && Tile::kMayPersist) {
+      if (may_persist) {  // one CTA an SM (the tile's shared memory leaves room for no second)
+        static_assert(2 * Tile::kSmem > 228 * 1024, "one CTA an SM");
+        const int64_t ctas = hopper_bwd_persistent_ctas(p.causal, grid, sms);
+        if (ctas > 0) {
+          grid = ctas;
+          kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, false, true>;
+        }
+      }
+    }
     const cudaError_t run =
         launch_with_smem(kernel, dim3(unsigned(grid)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
     if (run != cudaSuccess || p.dq_out == nullptr) return run;

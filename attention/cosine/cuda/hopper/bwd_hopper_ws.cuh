@@ -4,7 +4,8 @@
 // Same math and scratch as bwd_kernel.cuh (read its header first); a key mask or none, an
 // attention bias or none (kBias: the bias added to the logits as the P is recomputed, dbias = dS by
 // fp32 reductions into dbias_accum; both straight from / to global memory, 8 bytes per element, so
-// that case is bound by memory, and its instances spill 200-650 bytes). One CTA owns kBN = 128 keys of one (b, kv head) and
+// that case is bound by memory, and its instances spill 200-650 bytes). One CTA (on a persistent grid each
+// of its items) owns kBN = 128 keys of one (b, kv head) and
 // loops over every query head of the group and every block of kBM query rows (d 64: 128; d 128: 80
 // in the plain instance, 64 in the others). Consumer c owns keys n0 + 64 c .. n0 + 64 c + 63 and, per step it:
 //   S^T = K_c Q^T, dP^T = V_c dO^T      wgmma, A (K-major) and B (K-major) from shared memory, as
@@ -28,35 +29,8 @@
 // MMAs keep the tensor cores busy (consumer 1 starts half a step late). dK, dV stay in registers for
 // the whole loop (no atomics for grouped heads).
 //
-// CTA: warpgroup 0 is the producer (its code, the tiles and the tensor maps: bwd_producer.cuh;
-// setmaxnreg leaves it 24 registers; its warp 0 loads, warps 1
-// and 2 add the two consumers' dQ, warp 3 exits), warpgroups 1 and 2 the consumers (240 registers each). The producer's
-// warp 0, per step `it` (stage it % kStages):
-//   row stats c_i, D_i: plain loads into registers before it waits for the stage (rows past I get
-//     c_i = -inf, so P = 0), stores to shared memory, then every lane arrives on full[s];
-//   Q, dO: TMA tile loads (rows past I come back as zeros) counted by lane 0's expect_tx.
-// K and V come once, by TMA, on bar_kv. dQ (kTmaDq, the default): each consumer stores its part of
-// dQ(it) (64 x 64 fp32, scale folded in) to a staging tile in shared memory, and the producer's warp 1 + c
-// adds the tile to the zeroed fp32 accumulator with a TMA reduction (cp.reduce.async.bulk.tensor
-// .add; the consumer hands the tile over at the start of its next step, when the proxy fence finds
-// the stores done); at d 64 the two tiles take the place of a third Q / dO stage (d 128 has room for
-// both: BwdWsTile::kStages), and with no atomics left in the consumers dQ(it - 1) is issued right
-// behind dK(it). Without kTmaDq (FLASHCOS_HOPPER_BWD=ws-atomic) the consumers add dQ with vector
-// atomics after dV / dK completed. mbarriers:
-//   bar_kv       K, V landed (transaction count)
-//   full[s]      Q, dO of stage s landed and the producer's 32 lanes stored the row stats
-//   empty[s]     the 256 consumer threads are done with stage s (its MMAs completed, stats read)
-//   ds_full[b]   the 256 consumer threads stored step it's dS^T into buffer b = it % 2
-//   ds_empty[b]  the 8 consumer warps whose dQ(it) MMA read it (it is rewritten in step it + 2)
-//   dq_full[c] / dq_empty[c]   kTmaDq: consumer c stored its dQ part / the reduction has read it
-// Deterministic mode: kFixed (the cosine kind, where the launcher gets p.dq_grid) rounds each
-// consumer's dQ part of row i to the row's grid, (x + c_i) - c_i, so that the TMA reductions give
-// the same sum in any order (attention/cosine/dq_grid.h); kDet (the exp kind, FLASHCOS_DQ_GRID=0)
-// adds into each dQ unit in a fixed order (DqTurns, bwd_order.h; dq_semaphore.cuh).
-// Split tail (split_tail.h; plain, not causal): the grid's last blocks run as pieces over shares of
-// their steps, whose dK / dV meet in p.split_scratch (split_gather). With p.dq_done each dQ warp
-// counts its adds per (b, kv head) at the end, so that dq_finish_kernel (dq_finish.cuh), launched as
-// the CTAs start, converts each head's dQ to 16 bits on the SMs the last wave leaves idle.
+// The CTA's roles (warpgroup 0 the producer, 1 and 2 the consumers), the dQ path, the mbarriers and
+// the modes (deterministic, split tail, persistent grid): bwd_producer.cuh's header.
 // Timings of every version: docs/kernels-tried.md, "Timings of the versions".
 #pragma once
 
@@ -75,7 +49,7 @@
 namespace flashcos::cuda::hopper {
 
 template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false,
-          bool kFixed = false, bool kDsFp32 = false>
+          bool kFixed = false, bool kDsFp32 = false, bool kPersist = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     bwd_hopper_ws_kernel(const __grid_constant__ BwdTmaMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -99,6 +73,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;
   // The split tail (split_tail.h): the plain instance only.
   constexpr bool kMaySplit = kTmaDq && !kDet && !kBias && !kFixed;
+  // kPersist: a persistent grid (the plain instance; every addition for it below sits behind
+  // `if constexpr (kPersist)`, so that the other instances' code stays as it was: moving their
+  // per-CTA values into an item loop made the biased instances spill 4x as much, runs AG1-AG3).
+  static_assert(!kPersist || (kMaySplit && !kDsFp32 && Tile::kMayPersist), "a persistent grid: the plain instance");
 
   // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
   // counts, p.dq_done, and runs on the SMs the last wave leaves idle).
@@ -121,6 +99,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   uint64_t* bar_kv = bar_ds_empty + 2;
   uint64_t* bar_dq_full = bar_kv + 1;       // kTmaDq: consumer c stored its dQ part (128 arrivals)
   uint64_t* bar_dq_empty = bar_dq_full + 2;  // the producer's reduction has read it (1 arrival)
+  // kPersist: the consumers are done with the item's K, V (256 arrivals); the split tail's count
+  // (split_gather; else an int of the row stats, which a later item's would overwrite); the item queue.
+  uint64_t* bar_kv_empty = bar_dq_empty + 2;
+  int* split_flag = kPersist ? reinterpret_cast<int*>(bar_kv_empty + 1) : reinterpret_cast<int*>(sRowC);
+  const BwdItemQueue queue{reinterpret_cast<int*>(bar_kv_empty + 6), bar_kv_empty + 2, bar_kv_empty + 4};
 
   // wg (and warp) broadcast from lane 0: the compiler then knows them warp-uniform and keeps the
   // wgmma descriptors built from them in uniform registers.
@@ -158,6 +141,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       mbar_init(bar_ds_empty + s, kConsumerThreads / 32);
     }
     mbar_init(bar_kv, 1);
+    if constexpr (kPersist) {
+      mbar_init(bar_kv_empty, kConsumerThreads);
+      queue.init();
+    }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       mbar_init(bar_dq_full + s, 128);
@@ -174,17 +161,31 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   BwdSteps piece_steps = order.steps;
   if (kMaySplit) piece_steps.rot = step0;  // a piece starts at its first step (rot is 0 here otherwise)
   const BwdSteps steps = piece_steps;
+  // kPersist: after blockIdx.x each CTA takes its next item (bwd_item: a key block of a (b, kv head),
+  // or a split piece) from the queue as it comes free, until one past the grid's; the barriers' phases
+  // and the dS buffers count the CTA's steps over its items (`done`).
+  [[maybe_unused]] const int64_t items = bwd_grid_items(p, int64_t(n_blocks) * heads_batches);
+  auto item_at = [&](unsigned w) { return bwd_item(p, w, kBN, kBM, true, false, !kDqT || p.bwd_rows_on_grid, false); };
 
   if (wg == 0) {
     // Producer: warp 0 loads, warps 1 and 2 add consumer 0's and 1's dQ (kTmaDq), warp 3 only gives
     // its registers away.
     regs_dealloc<Tile::kProducerRegs>();
     if (kTmaDq && (warp == 1 || warp == 2) && lane == 0) {
-      bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, hkv, turns, n_steps,
-                                           steps);
+      if constexpr (kPersist) {
+        bwd_dq_reduce_items<Tile>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, queue, items, item_at);
+      } else {
+        bwd_dq_reduce<Tile, kDet, kDetAhead>(maps, p, sdQ, bar_dq_full, bar_dq_empty, warp - 1, b, hkv, turns, n_steps,
+                                             steps, 0, blockIdx.x);
+      }
     } else if (warp == 0) {
-      bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_full, bar_empty, lane, n0, hkv,
-                                    b, n_steps, steps);
+      if constexpr (kPersist) {
+        bwd_load_items<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
+                                            bar_empty, lane, queue, items, item_at);
+      } else {
+        bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
+                                      bar_empty, lane, n0, hkv, b, n_steps, steps, 0, 0);
+      }
     }
     return;
   }
@@ -195,7 +196,6 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const uint32_t aK = smem_addr(sK), aV = smem_addr(sV), aQ = smem_addr(sQ), adO = smem_addr(sdO);
   const uint32_t adS = smem_addr(sdS);
-  const int wg_key0 = n0 + c * 64;
   const int key_local0 = c * 64 + warp * 16 + g;
   // store_ds's stmatrix: lane l gives row l % 8 of matrix l / 8 (keys 8 ((l / 8) % 2) + l % 8 of the
   // warp's 16, 16-byte chunk 2 kk + l / 16, swizzled by the key row % 8 = l % 8).
@@ -206,6 +206,14 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // warp's 16 keys), swizzled by the row % 8 = l % 8.
   const uint32_t dst_row_addr = adS + uint32_t(c * kBM + 8 * (lane / 16) + lane % 8) * kSw128Row +
                                 ((uint32_t(2 * warp + (lane / 8) % 2) ^ uint32_t(lane % 8)) << 4);
+  int stage = 0;  // the Q / dO stage of the next step, and its phase
+  uint32_t phase = 0;
+  // One item (a CTA's only one but with kPersist): done, the CTA's steps in its earlier items; item,
+  // their count; w, its index.
+  auto consume = [&](const int n0, const int hkv, const int b, const BwdRows rows, const int n_steps,
+                     const DqTurns turns, const BwdSteps steps, const int done, const int item, const unsigned w) {
+  const int per_head = rows.per_head;
+  const int wg_key0 = n0 + c * 64;
   // This thread's two keys n0 + key_local0 + 8 e0: inside J and not masked out.
   const bool has_mask = p.mask != nullptr;
   bool key_ok[2];
@@ -253,8 +261,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   auto flush_dq = [&](int it) {
     if constexpr (kTmaDq) {
       // This consumer's part into its staging tile (SW128, fp32: 4 floats per 16-byte chunk), for
-      // the producer's reduction; its reduction of step it - 1 must have read the tile.
-      if (it > 0) mbar_wait(bar_dq_empty + c, (it - 1) & 1);
+      // the producer's reduction; its reduction of the CTA's step before must have read the tile.
+      if (done + it > 0) mbar_wait(bar_dq_empty + c, (done + it - 1) & 1);
       unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
       if constexpr (kDqT) {
         stage_dq_transposed<Tile>(tile, rdQ, dqk_scale, warp, g, t);
@@ -286,7 +294,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
                       rdQ[4 * i + 2 * e0 + 1] * dqk_scale);
     }
   };
-  // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer it % 2), B = K (N-major). 128-row steps:
+  // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer (done + it) % 2), B = K (N-major). 128-row steps:
   // this consumer's 64 rows (row block c of the tile), every column; 64-row steps: every row, half
   // the columns (d 64: 64 bytes into the swizzled rows; d 128: the second column block).
   // Descriptors of the tiles' first bytes; every operand's is one of these plus an offset.
@@ -305,9 +313,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       for (int kk = 0; kk < kNT; ++kk)
         Wgmma<T, kBM>::template ss<1, 0>(
             rdQ, desc_add(k_desc_n, c * kBN * kSw128Row + kk * 16 * kSw128Row),
-            desc_add(ds_desc_k, (it & 1) * Tile::kSBytes + (kk / 4) * kBM * kSw128Row + (kk % 4) * 32), kk > 0);
+            desc_add(ds_desc_k, ((done + it) & 1) * Tile::kSBytes + (kk / 4) * kBM * kSw128Row + (kk % 4) * 32), kk > 0);
     } else {
-      const uint32_t s_off = (it & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
+      const uint32_t s_off = ((done + it) & 1) * Tile::kSBytes + (kSplitRows ? c * kBN * kSw128Row : 0);
       const uint32_t k_off = kSplitRows ? 0 : D == 64 ? c * 64 : c * kBN * kSw128Row;
 #pragma unroll
       for (int kk = 0; kk < kNT; ++kk)
@@ -316,9 +324,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     }
   };
 
-  mbar_wait(bar_kv, 0);
-  int stage = 0;
-  uint32_t phase = 0;
+  mbar_wait(bar_kv, item & 1);
   // One step; kPrev (it > 0 as a constant, so that every path has a fixed number of MMA groups in
   // flight): dQ(it - 1) is still to do.
   // The stats of this thread's rows 8 q + 2 t, + 1 (q < N / 2) of a stage into dst[2 q], dst[2 q + 1]
@@ -363,6 +369,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   }
   auto run_step = [&](int it, auto prev) {
     constexpr bool kPrev = decltype(prev)::value;
+    const int gi = done + it;  // the CTA's step: its dS buffer gi % 2 and the barriers' phases
     const int m0 = m0_next;
     [[maybe_unused]] const int h = h_next;
     mbar_wait(bar_full + stage, phase);
@@ -391,12 +398,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     // 2 kk + j / 2 of those key rows (ds_row_addr, ds_chunk_x: this lane's row and swizzle).
     auto store_ds = [&] {
       if constexpr (kDqT) {  // rows x keys: k-step kk is rows 16 kk ..
-        const uint32_t buf = dst_row_addr + (it & 1) * Tile::kSBytes;
+        const uint32_t buf = dst_row_addr + (gi & 1) * Tile::kSBytes;
 #pragma unroll
         for (int kk = 0; kk < kMT; ++kk)
           stmatrix_x4_trans(buf + kk * 16 * kSw128Row, rdSf[kk][0], rdSf[kk][1], rdSf[kk][2], rdSf[kk][3]);
       } else {
-        const uint32_t buf = ds_row_addr + (it & 1) * Tile::kSBytes;
+        const uint32_t buf = ds_row_addr + (gi & 1) * Tile::kSBytes;
 #pragma unroll
         for (int kk = 0; kk < kMT; ++kk)
           stmatrix_x4(buf + (kk / 4) * kBN * kSw128Row + ((uint32_t((2 * kk) % 8) ^ ds_chunk_x) << 4), rdSf[kk][0],
@@ -525,7 +532,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kMT; ++kk) acc_to_frag<T>(rdSf[kk], rdP, kk);
     }
-    if (it >= 2) mbar_wait(bar_ds_empty + (it & 1), ((it - 2) >> 1) & 1);
+    if (gi >= 2) mbar_wait(bar_ds_empty + (gi & 1), ((gi - 2) >> 1) & 1);
     store_ds();
     // dK reads dS from registers: issued before the proxy fence, which waits for the dS stores that
     // only the other consumer's dQ reads.
@@ -533,13 +540,13 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     issue_kv_grad(rdK, rdSf, desc_add(q_desc_n, stage_off));
     wgmma_commit();
     fence_proxy_async();
-    mbar_arrive(bar_ds_full + (it & 1));
+    mbar_arrive(bar_ds_full + (gi & 1));
     // kTmaDq: dQ(it - 1) goes in right behind dK, so that the tensor cores are not left idle
     // while this warpgroup waits for dK; otherwise it is issued once dV and dK completed (with the
     // atomics, issuing it early measured the same: H100 bf16 n 8192 d64 341 against 337 TFLOP/s).
     constexpr bool early_dq = kTmaDq && kPrev;
     if constexpr (early_dq) {
-      mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
+      mbar_wait(bar_ds_full + ((gi - 1) & 1), ((gi - 1) >> 1) & 1);
       wgmma_fence();
       issue_dq(it - 1);
       wgmma_commit();
@@ -556,7 +563,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     mbar_arrive(bar_empty + stage);
     if constexpr (kPrev) {
       if constexpr (!early_dq) {
-        mbar_wait(bar_ds_full + ((it - 1) & 1), ((it - 1) >> 1) & 1);
+        mbar_wait(bar_ds_full + ((gi - 1) & 1), ((gi - 1) >> 1) & 1);
         wgmma_fence();
         issue_dq(it - 1);
         wgmma_commit();
@@ -564,7 +571,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       wgmma_wait<0>();
       fence_regs(rdQ);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ds_empty + ((it - 1) & 1));
+      if (lane == 0) mbar_arrive(bar_ds_empty + ((gi - 1) & 1));
       flush_dq(it - 1);
     }
     if (++stage == kStages) {
@@ -576,26 +583,45 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   if (n_steps > 0) run_step(0, std::false_type{});
   for (int it = 1; it < n_steps; ++it) run_step(it, std::true_type{});
   if (n_steps > 0) {
-    const int last = n_steps - 1;
-    mbar_wait(bar_ds_full + (last & 1), (last >> 1) & 1);
+    const int last = n_steps - 1, glast = done + last;
+    mbar_wait(bar_ds_full + (glast & 1), (glast >> 1) & 1);
     wgmma_fence();
     issue_dq(last);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(rdQ);
+    if constexpr (kPersist) {  // for the next item's steps
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_ds_empty + (glast & 1));
+    }
     if (kTmaDq && last >= 1) hand_off_dq();  // dQ(last - 1), flushed in the last step
     flush_dq(last);
     if (kTmaDq) hand_off_dq();
     if (kDet && !kTmaDq) count_unit(last);
   }
+  if constexpr (kPersist) mbar_arrive(bar_kv_empty);  // K, V free for the next item's
 
   if constexpr (kMaySplit) {
     // A piece: its parts to its slot; the piece that counts last sums every piece's and stores them.
-    // (The piece found again from the block index, not kept in registers through the loop.)
-    const SplitPiece tail = split_piece(p, blockIdx.x);
-    if (tail.pieces > 1 && !split_gather<D>(p, tail, rdK, rdV, tid - 128, reinterpret_cast<int*>(sRowC))) return;
+    // (The piece found again from the item's index, not kept in registers through the loop.)
+    const SplitPiece tail = split_piece(p, w);
+    if (tail.pieces > 1 && !split_gather<D>(p, tail, rdK, rdV, tid - 128, split_flag)) return;
   }
   store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);
+  };
+  if constexpr (kPersist) {
+    int done = 0;
+    unsigned w = blockIdx.x;
+    for (int item = 0;; ++item) {
+      const BwdItem x = item_at(w);
+      consume(x.n0, x.hkv, x.b, x.rows, x.n_steps, x.order.turns, x.order.steps, done, item, w);
+      done += x.n_steps;
+      w = queue.read(item);
+      if (int64_t(w) >= items) break;
+    }
+  } else {
+    consume(n0, hkv, b, rows, n_steps, turns, steps, 0, 0, blockIdx.x);
+  }
 #endif
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "attention/cosine/cuda/hopper/head_groups.h"
+#include "attention/cosine/cuda/hopper/split_tail.h"
 #include "attention/cosine/cuda/params.h"
 
 namespace flashcos::cuda::hopper {
@@ -114,6 +115,55 @@ FLASHCOS_HD BwdOrder bwd_order(const BwdParams& p, const BwdCta& cta, int head0,
   const DqTurns turns{cta.band_first, cta.n_block - cta.band_first, det && p.det_rotate ? cta.band_w : 1, n_iters};
   return {turns,
           BwdSteps{head0, rows.per_head, rows.first, bm, det ? turns.rot() : 0, n_iters, det && p.det_reverse ? 1 : 0}};
+}
+
+// One item of the backward's work: what a CTA of the grid takes, or on a persistent grid each of a
+// CTA's items in turn (items blockIdx.x, + gridDim.x, .. below bwd_grid_items). Item w is a key block
+// and (b, kv head) (bwd_cta), or with a split tail (split_tail.h; may_split: the plain instance) a
+// piece of one, whose steps are its share of the block's, from its first (steps.rot). biased: the
+// kBias instances, which take (b, kv head) batch fastest for an (H, I, J) bias; rows_on_grid: as
+// bwd_rows; det: the deterministic instances (bwd_order).
+// The kv head and batch of a CTA's (b, kv head) index hb (BwdCta::hb): batch fastest with an (H, I, J)
+// bias (biased: the kBias instances), so that the CTAs of one (key block, head) run side by side and
+// their bias loads and dbias reductions meet in L2 (with band 1, choose_bwd_order).
+struct BwdHead {
+  int hkv, b;
+};
+FLASHCOS_HD BwdHead bwd_head(const BwdParams& p, int hb, bool biased) {
+  const bool batch_fastest = biased && !p.bias_batch_dim;
+  return {batch_fastest ? hb / p.B : hb % p.Hkv, batch_fastest ? hb % p.B : hb / p.Hkv};
+}
+
+struct BwdItem {
+  SplitPiece piece;
+  BwdCta cta;
+  int hkv, b, n0;  // n0: the block's first key
+  BwdRows rows;
+  int n_steps;     // this item's steps (a piece: its share of the block's)
+  BwdOrder order;
+};
+FLASHCOS_HD BwdItem bwd_item(const BwdParams& p, unsigned w, int bn, int bm, bool may_split, bool biased,
+                             bool rows_on_grid, bool det) {
+  BwdItem x;
+  const int n_blocks = (p.J + bn - 1) / bn, heads_batches = p.Hkv * p.B, group = p.H / p.Hkv;
+  x.piece = may_split ? split_piece(p, w) : SplitPiece{int(w), 0, 1, -1};
+  x.cta = bwd_cta(p, unsigned(x.piece.block), n_blocks, heads_batches);
+  const BwdHead head = bwd_head(p, x.cta.hb, biased);
+  x.hkv = head.hkv;
+  x.b = head.b;
+  x.n0 = x.cta.n_block * bn;
+  x.rows = bwd_rows(p, x.n0, bm, rows_on_grid);
+  const int n_iters = group * x.rows.per_head;  // the block's steps
+  const int step0 = split_piece_first(n_iters, x.piece.piece, x.piece.pieces);
+  x.n_steps = split_piece_first(n_iters, x.piece.piece + 1, x.piece.pieces) - step0;
+  x.order = bwd_order(p, x.cta, x.hkv * group, x.rows, bm, n_iters, det);
+  if (may_split) x.order.steps.rot = step0;  // a piece starts at its first step (rot is 0 here otherwise)
+  return x;
+}
+// The items of a grid of `blocks` key blocks x (b, kv head)s: one each, and split_pieces for each of
+// the last blocks from p.split_first on (split_tail.h).
+FLASHCOS_HD int64_t bwd_grid_items(const BwdParams& p, int64_t blocks) {
+  return p.split_first >= blocks ? blocks : p.split_first + (blocks - p.split_first) * p.split_pieces;
 }
 
 // The knobs of choose_bwd_order; the launcher reads them from the environment (bwd_hopper.cuh).

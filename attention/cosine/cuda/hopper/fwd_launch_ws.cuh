@@ -11,6 +11,7 @@
 #include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
 #include "attention/cosine/cuda/hopper/fwd_rows.h"
+#include "attention/cosine/cuda/hopper/persistent_grid.h"
 
 namespace flashcos::cuda {
 
@@ -48,20 +49,12 @@ inline hopper::TailSplit hopper_fwd_split(const FwdParams& p, int bm, int sms) {
   return hopper::choose_tail_split(ctas, (p.J + 127) / 128, sms, 2 * int64_t(sms));
 }
 
-// The persistent grid's CTAs (hopper::fwd_persistent_ctas), or 0. FLASHCOS_HOPPER_FWD_PERSISTENT (read
-// once): unset, the grid is persistent without a causal mask; "0" never; "all" under a causal mask
-// too; a count n >= 1 at most n CTAs, causal or not (for tests: each CTA then walks many tiles). A
-// causal grid's blocks differ in length, and the persistent CTAs take theirs in a fixed stride, where
-// the GPU hands a one-block-a-CTA grid's blocks to the SMs as they free up.
+// The persistent grid's CTAs (hopper::persistent_ctas), or 0. FLASHCOS_HOPPER_FWD_PERSISTENT (read
+// once, hopper::persistent_mode): unset, the grid is persistent without a causal mask; "0" never;
+// "all" under a causal mask too; a count n >= 1 at most n CTAs, causal or not.
 inline int64_t hopper_fwd_persistent_ctas(bool causal, int64_t tiles, int sms) {
-  static const int64_t mode = [] {
-    const char* env = std::getenv("FLASHCOS_HOPPER_FWD_PERSISTENT");
-    const std::string s = env != nullptr ? env : "";
-    return s.empty()    ? hopper::kFwdPersistentDefault
-           : s == "all" ? hopper::kFwdPersistentAll
-                        : int64_t(std::max(0, std::atoi(s.c_str())));
-  }();
-  return hopper::fwd_persistent_ctas(mode, causal, tiles, sms);
+  static const int64_t mode = hopper::persistent_mode(std::getenv("FLASHCOS_HOPPER_FWD_PERSISTENT"));
+  return hopper::persistent_ctas(mode, !causal, tiles, sms);
 }
 
 // The warp-specialised forward, or cudaErrorNotSupported (nothing ran) where the TMA unit cannot

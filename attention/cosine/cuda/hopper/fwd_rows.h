@@ -1,6 +1,6 @@
 // How many query rows a CTA of the Hopper forward takes at d 64: 192 (3 consumer warpgroups, the
 // faster per row) or 128 (2 warpgroups), host only; tests/test_hopper_fwd_rows.cpp checks it on the
-// CPU. The launcher: hopper/fwd_hopper.cuh. Also the size of a persistent grid (fwd_persistent_ctas).
+// CPU. The launcher: hopper/fwd_hopper.cuh.
 //
 // Per row and key, a 128-row CTA costs kFwdRowCost128 times a 192-row one (H100, bf16 / fp16, run
 // S4 of 2026-11-27: 1.18-1.20 wherever whole waves hide the difference in grid size). On a short
@@ -50,21 +50,6 @@ inline double fwd_grid_estimate(const FwdGridShape& s, int rows) {
 // d 64: 128-row CTAs (2 consumer warpgroups) instead of 192-row ones (3).
 inline bool fwd_prefer_128_rows(const FwdGridShape& s) {
   return fwd_grid_estimate(s, 128) < fwd_grid_estimate(s, 192);
-}
-
-// The CTAs of a persistent forward grid (hopper/fwd_launch_ws.cuh) for `tiles` tiles on `sms` SMs,
-// one CTA an SM, or 0 for a CTA a tile. mode: kFwdPersistentDefault (without a causal mask only),
-// kFwdPersistentAll (causal too), 0 (never) or a count n >= 1 (at most n CTAs, causal or not).
-inline constexpr int64_t kFwdPersistentDefault = -1;
-inline constexpr int64_t kFwdPersistentAll = -2;
-inline int64_t fwd_persistent_ctas(int64_t mode, bool causal, int64_t tiles, int sms) {
-  int64_t ctas = 0;
-  if (mode > 0) {
-    ctas = std::min<int64_t>(mode, sms);
-  } else if (mode == kFwdPersistentAll || (mode == kFwdPersistentDefault && !causal)) {
-    ctas = sms;
-  }
-  return ctas > 0 && tiles > ctas ? ctas : 0;
 }
 
 }  // namespace flashcos::cuda::hopper
