@@ -74,8 +74,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // The split tail (split_tail.h): the plain instance only.
   constexpr bool kMaySplit = kTmaDq && !kDet && !kBias && !kFixed;
   // kPersist: a persistent grid (the plain instance; every addition for it below sits behind
-  // `if constexpr (kPersist)`, so that the other instances' code stays as it was: moving their
-  // per-CTA values into an item loop made the biased instances spill 4x as much, runs AG1-AG3).
+  // `if constexpr (kPersist)`, so that the other instances' code stays as it was (cuobjdump: equal but
+  // for BwdParams' offsets or a few reordered instructions): moving their per-CTA values into an item
+  // loop made the biased instances spill 4x as much, runs AG1-AG3).
   static_assert(!kPersist || (kMaySplit && !kDsFp32 && Tile::kMayPersist), "a persistent grid: the plain instance");
 
   // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
