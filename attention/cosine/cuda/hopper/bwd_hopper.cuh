@@ -162,15 +162,11 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
         if (grid > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;
       }
     }
-    auto kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
-    // A persistent grid (the kernel's kPersist) for the plain instance of the default kind, on tiles
-    // with room for its item queue, given the caller's counter; the others' grid has a CTA an item
-    // (the deterministic orders' turns want the blocks of a band resident together, bwd_order.h).
-    bool may_persist = kTmaDq && kDetAhead && Tile::kMayPersist && p.item_counter != nullptr;
+    const auto plain = hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq>;
+    auto kernel = plain;
     if constexpr (Tile::kDqT) {  // 80-row steps: the plain instance only (launch_bwd_hopper sends no other)
       if (det || fixed || p.bias != nullptr) return cudaErrorNotSupported;
     } else {
-      may_persist = may_persist && !det && !fixed && p.bias == nullptr;
       if (p.bias != nullptr) {
         kernel = det ? hopper::bwd_hopper_ws_kernel<T, D, BM, true, kTmaDq, kDetAhead, true>
                      : hopper::bwd_hopper_ws_kernel<T, D, BM, false, kTmaDq, false, true>;
@@ -187,15 +183,17 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if constexpr (kTmaDq && kDetAhead && std::is_same_v<T, __nv_bfloat16>) {  // any step size
       if (hopper_bwd_ds_fp32() && !det && !fixed && p.bias == nullptr) {
         kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;
-        may_persist = false;
       }
     }
     // dq_out: converted by dq_finish_kernel, overlapped with the last wave where the dQ warps count
     // (kTmaDq: two counts per CTA), else after the kernel.
     const bool counted = kTmaDq && p.dq_out != nullptr && p.dq_done != nullptr;
     if (!counted) banded.dq_done = nullptr;
+    // A persistent grid (the kernel's kPersist) where the plain instance of the default kind runs, on
+    // tiles with room for its item queue, given the caller's counter; the others' grid has a CTA an
+    // item (the deterministic orders' turns want the blocks of a band resident together, bwd_order.h).
     if constexpr (kTmaDq && kDetAhead && Tile::kMayPersist) {
-      if (may_persist) {  // one CTA an SM (the tile's shared memory leaves room for no second)
+      if (kernel == plain && p.item_counter != nullptr) {  // one CTA an SM (no room for a second)
         static_assert(2 * Tile::kSmem > 228 * 1024, "one CTA an SM");
         const int64_t ctas = hopper_bwd_persistent_ctas(p.causal, grid, sms);
         if (ctas > 0) {

@@ -112,6 +112,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0);
   const int n_blocks = (p.J + kBN - 1) / kBN, heads_batches = p.Hkv * p.B;
   // A piece of a split block takes a share of its steps (split_tail.h); every other CTA all of them.
+  // (bwd_item, bwd_order.h, computes the same for a persistent grid's items; taking this CTA's from it
+  // changed every instance's machine code, cuobjdump, so it stays written out here.)
   const SplitPiece piece = kMaySplit ? split_piece(p, blockIdx.x) : SplitPiece{int(blockIdx.x), 0, 1, -1};
   const BwdCta cta = bwd_cta(p, unsigned(piece.block), n_blocks, heads_batches);
   const int n_block = cta.n_block, hb = cta.hb;

@@ -117,23 +117,14 @@ FLASHCOS_HD BwdOrder bwd_order(const BwdParams& p, const BwdCta& cta, int head0,
           BwdSteps{head0, rows.per_head, rows.first, bm, det ? turns.rot() : 0, n_iters, det && p.det_reverse ? 1 : 0}};
 }
 
-// One item of the backward's work: what a CTA of the grid takes, or on a persistent grid each of a
-// CTA's items in turn (items blockIdx.x, + gridDim.x, .. below bwd_grid_items). Item w is a key block
-// and (b, kv head) (bwd_cta), or with a split tail (split_tail.h; may_split: the plain instance) a
-// piece of one, whose steps are its share of the block's, from its first (steps.rot). biased: the
-// kBias instances, which take (b, kv head) batch fastest for an (H, I, J) bias; rows_on_grid: as
-// bwd_rows; det: the deterministic instances (bwd_order).
-// The kv head and batch of a CTA's (b, kv head) index hb (BwdCta::hb): batch fastest with an (H, I, J)
-// bias (biased: the kBias instances), so that the CTAs of one (key block, head) run side by side and
-// their bias loads and dbias reductions meet in L2 (with band 1, choose_bwd_order).
-struct BwdHead {
-  int hkv, b;
-};
-FLASHCOS_HD BwdHead bwd_head(const BwdParams& p, int hb, bool biased) {
-  const bool batch_fastest = biased && !p.bias_batch_dim;
-  return {batch_fastest ? hb / p.B : hb % p.Hkv, batch_fastest ? hb % p.B : hb / p.Hkv};
-}
-
+// One item of the backward's work: what a CTA of the grid takes, or on a persistent grid (the
+// kernel's kPersist) each of a CTA's items in turn. Item w is a key block and (b, kv head) (bwd_cta), or
+// with a split tail (split_tail.h; may_split: the plain instance) a piece of one, whose steps are its
+// share of the block's, from its first (steps.rot). biased: the kBias instances, which take (b, kv
+// head) batch fastest for an (H, I, J) bias, so that the CTAs of one (key block, head) run side by
+// side and their bias loads and dbias reductions meet in L2 (with band 1, choose_bwd_order);
+// rows_on_grid: as bwd_rows; det: the deterministic instances (bwd_order). The kernel computes its
+// first item's the same way inline (bwd_hopper_ws.cuh).
 struct BwdItem {
   SplitPiece piece;
   BwdCta cta;
@@ -148,9 +139,9 @@ FLASHCOS_HD BwdItem bwd_item(const BwdParams& p, unsigned w, int bn, int bm, boo
   const int n_blocks = (p.J + bn - 1) / bn, heads_batches = p.Hkv * p.B, group = p.H / p.Hkv;
   x.piece = may_split ? split_piece(p, w) : SplitPiece{int(w), 0, 1, -1};
   x.cta = bwd_cta(p, unsigned(x.piece.block), n_blocks, heads_batches);
-  const BwdHead head = bwd_head(p, x.cta.hb, biased);
-  x.hkv = head.hkv;
-  x.b = head.b;
+  const bool batch_fastest = biased && !p.bias_batch_dim;
+  x.hkv = batch_fastest ? x.cta.hb / p.B : x.cta.hb % p.Hkv;
+  x.b = batch_fastest ? x.cta.hb % p.B : x.cta.hb / p.Hkv;
   x.n0 = x.cta.n_block * bn;
   x.rows = bwd_rows(p, x.n0, bm, rows_on_grid);
   const int n_iters = group * x.rows.per_head;  // the block's steps
