@@ -95,8 +95,8 @@ inline hopper::TailSplit hopper_bwd_split(const BwdParams& p, int bm, int sms) {
 // and split pieces, hopper::bwd_grid_items), or 0. FLASHCOS_HOPPER_BWD_PERSISTENT (read once,
 // hopper::persistent_mode): unset, the grid is persistent under a causal mask (H200, against one CTA an
 // item, backward TFLOP/s: causal +0.0 to +6.2 % in all sixteen b4 h8 cases, run AG5; without a causal
-// mask -1.9 to +1.5 %, run AG3; docs/kernels-tried.md item 27); "0" never; "all" always; a count n >= 1
-// at most n CTAs (for tests).
+// mask -1.0 to +2.8 %, means per case -0.3 to +2.3 %, run AH5, too close to call; docs/kernels-tried.md
+// item 27); "0" never; "all" always; a count n >= 1 at most n CTAs (for tests).
 inline int64_t hopper_bwd_persistent_ctas(bool causal, int64_t items, int sms) {
   static const int64_t mode = hopper::persistent_mode(std::getenv("FLASHCOS_HOPPER_BWD_PERSISTENT"));
   return hopper::persistent_ctas(mode, causal, items, sms);
