@@ -3,10 +3,9 @@
 // of one CTA per SM that walks the row blocks) and the launch. Which instance runs: fwd_hopper.cuh.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
+#include <type_traits>
 
 #include "attention/common/cuda/env_switch.h"
 #include "attention/cosine/cuda/hopper/fwd_hopper_ws.cuh"
