@@ -192,6 +192,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     // A persistent grid (the kernel's kPersist) where the plain instance of the default kind runs, on
     // tiles with room for its item queue, given the caller's counter; the others' grid has a CTA an
     // item (the deterministic orders' turns want the blocks of a band resident together, bwd_order.h).
+    [[maybe_unused]] bool persistent = false;  // (FLASHCOS_BWD_TIMELINE stamps that grid)
     if constexpr (kTmaDq && kDetAhead && Tile::kMayPersist) {
       if (kernel == plain && p.item_counter != nullptr) {  // one CTA an SM (no room for a second)
         static_assert(2 * Tile::kSmem > 228 * 1024, "one CTA an SM");
@@ -199,11 +200,20 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
         if (ctas > 0) {
           grid = ctas;
           kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, false, true>;
+          persistent = true;
         }
       }
     }
+#ifdef FLASHCOS_BWD_TIMELINE
+    long long* const stamps = persistent ? hopper::BwdTimeline::get().next(stream) : nullptr;
+#endif
     const cudaError_t run =
         launch_with_smem(kernel, dim3(unsigned(grid)), Tile::kThreads, Tile::kSmem, stream, maps, banded);
+#ifdef FLASHCOS_BWD_TIMELINE
+    if (run == cudaSuccess && stamps != nullptr) {
+      hopper::BwdTimeline::get().write(stream, int(grid), blocks, p.I, p.J, D, p.causal);
+    }
+#endif
     if (run != cudaSuccess || p.dq_out == nullptr) return run;
     // A whole block counts split_pieces per dQ warp, a piece 1 (bwd_dq_reduce).
     return launch_dq_finish<T>(banded, counted ? int(2 * key_blocks * banded.split_pieces) : 0, stream);

@@ -43,6 +43,7 @@
 #include "attention/cosine/cuda/dq_semaphore.cuh"
 #include "attention/cosine/cuda/hopper/bwd_ds.cuh"
 #include "attention/cosine/cuda/hopper/bwd_stores.cuh"
+#include "attention/cosine/cuda/hopper/bwd_timeline.cuh"
 #include "attention/cosine/cuda/hopper/bwd_producer.cuh"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/tma.cuh"
@@ -218,6 +219,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   auto consume = [&](const int n0, const int hkv, const int b, const BwdRows rows, const int n_steps,
                      const DqTurns turns, const BwdSteps steps, const int done, const int item, const unsigned w) {
   const int per_head = rows.per_head;
+#ifdef FLASHCOS_BWD_TIMELINE  // a diagnostic build's stamps (bwd_timeline.cuh); FLASHCOS_BWD_MARK is empty otherwise
+  auto mark = [&](int m) {
+    if (kPersist && tid % 128 == 0) bwd_timeline_mark(g_bwd_timeline, item, c, m, int(w), n_steps);
+  };
+#endif
+  FLASHCOS_BWD_MARK(kMarkEnter);
   const int wg_key0 = n0 + c * 64;
   // This thread's two keys n0 + key_local0 + 8 e0: inside J and not masked out.
   const bool has_mask = p.mask != nullptr;
@@ -330,6 +337,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   };
 
   mbar_wait(bar_kv, item & 1);
+  FLASHCOS_BWD_MARK(kMarkKv);
   // One step; kPrev (it > 0 as a constant, so that every path has a fixed number of MMA groups in
   // flight): dQ(it - 1) is still to do.
   // The stats of this thread's rows 8 q + 2 t, + 1 (q < N / 2) of a stage into dst[2 q], dst[2 q + 1]
@@ -586,7 +594,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     load_grid(m0, h);  // kFixed: this step's rows, flushed in the next step
   };
   if (n_steps > 0) run_step(0, std::false_type{});
+  FLASHCOS_BWD_MARK(kMarkFirstStep);
   for (int it = 1; it < n_steps; ++it) run_step(it, std::true_type{});
+  FLASHCOS_BWD_MARK(kMarkLoopEnd);
   if (n_steps > 0) {
     const int last = n_steps - 1, glast = done + last;
     mbar_wait(bar_ds_full + (glast & 1), (glast >> 1) & 1);
@@ -595,6 +605,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(rdQ);
+    FLASHCOS_BWD_MARK(kMarkDqMma);
     if constexpr (kPersist) {  // for the next item's steps
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_ds_empty + (glast & 1));
@@ -603,6 +614,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     flush_dq(last);
     if (kTmaDq) hand_off_dq();
     if (kDet && !kTmaDq) count_unit(last);
+    FLASHCOS_BWD_MARK(kMarkDqOut);
   }
   if constexpr (kPersist) mbar_arrive(bar_kv_empty);  // K, V free for the next item's
 
@@ -613,6 +625,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     if (tail.pieces > 1 && !split_gather<D>(p, tail, rdK, rdV, tid - 128, split_flag)) return;
   }
   store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);
+  FLASHCOS_BWD_MARK(kMarkStored);
   };
   if constexpr (kPersist) {
     int done = 0;
