@@ -66,8 +66,12 @@ struct BwdTimeline {
     }
     if (++launches != chosen) return set(nullptr, stream);
     const size_t bytes = size_t(kTimelineCtas) * kTimelineItems * 2 * kTimelineFields * sizeof(long long);
-    if (buffer == nullptr && cudaMalloc(&buffer, bytes) != cudaSuccess) return nullptr;
-    return cudaMemsetAsync(buffer, 0, bytes, stream) == cudaSuccess ? set(buffer, stream) : nullptr;
+    if ((buffer == nullptr && cudaMalloc(&buffer, bytes) != cudaSuccess) ||
+        cudaMemsetAsync(buffer, 0, bytes, stream) != cudaSuccess) {
+      std::fprintf(stderr, "bwd_timeline: no stamps buffer: %s\n", cudaGetErrorString(cudaGetLastError()));
+      return set(nullptr, stream);
+    }
+    return set(buffer, stream);
   }
   static long long* set(long long* ptr, cudaStream_t stream) {
     return cudaMemcpyToSymbolAsync(g_bwd_timeline, &ptr, sizeof(ptr), 0, cudaMemcpyHostToDevice, stream) == cudaSuccess
@@ -75,13 +79,22 @@ struct BwdTimeline {
                : nullptr;
   }
   void write(cudaStream_t stream, int grid, int64_t items, int I, int J, int D, bool causal) const {
-    if (cudaStreamSynchronize(stream) != cudaSuccess) return;
     const size_t n = size_t(kTimelineCtas) * kTimelineItems * 2 * kTimelineFields;
     std::vector<long long> h(n);
-    if (cudaMemcpy(h.data(), buffer, n * sizeof(long long), cudaMemcpyDeviceToHost) != cudaSuccess) return;
+    const cudaError_t err = cudaStreamSynchronize(stream) != cudaSuccess
+                                ? cudaGetLastError()
+                                : cudaMemcpy(h.data(), buffer, n * sizeof(long long), cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) {
+      std::fprintf(stderr, "bwd_timeline: reading the stamps failed: %s\n", cudaGetErrorString(err));
+      return;
+    }
     const char* e = std::getenv("FLASHCOS_BWD_TIMELINE_FILE");
-    FILE* f = std::fopen(e != nullptr ? e : "bwd_timeline.txt", "a");
-    if (f == nullptr) return;
+    const char* path = e != nullptr ? e : "bwd_timeline.txt";
+    FILE* f = std::fopen(path, "a");
+    if (f == nullptr) {
+      std::fprintf(stderr, "bwd_timeline: cannot open %s for appending\n", path);
+      return;
+    }
     std::fprintf(f, "# launch %d grid %d items %lld I %d J %d D %d causal %d\n", launches, grid, (long long)items, I,
                  J, D, int(causal));
     for (int cta = 0; cta < grid && cta < kTimelineCtas; ++cta)
