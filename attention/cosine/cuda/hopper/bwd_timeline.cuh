@@ -78,7 +78,8 @@ struct BwdTimeline {
                ? ptr
                : nullptr;
   }
-  void write(cudaStream_t stream, int grid, int64_t items, int I, int J, int D, bool causal) const {
+  // blocks: the launch's key blocks x (b, kv head)s (its items but for split pieces).
+  void write(cudaStream_t stream, int grid, int64_t blocks, int I, int J, int D, bool causal) const {
     const size_t n = size_t(kTimelineCtas) * kTimelineItems * 2 * kTimelineFields;
     std::vector<long long> h(n);
     const cudaError_t err = cudaStreamSynchronize(stream) != cudaSuccess
@@ -95,7 +96,7 @@ struct BwdTimeline {
       std::fprintf(stderr, "bwd_timeline: cannot open %s for appending\n", path);
       return;
     }
-    std::fprintf(f, "# launch %d grid %d items %lld I %d J %d D %d causal %d\n", launches, grid, (long long)items, I,
+    std::fprintf(f, "# launch %d grid %d blocks %lld I %d J %d D %d causal %d\n", launches, grid, (long long)blocks, I,
                  J, D, int(causal));
     for (int cta = 0; cta < grid && cta < kTimelineCtas; ++cta)
       for (int it = 0; it < kTimelineItems; ++it)
