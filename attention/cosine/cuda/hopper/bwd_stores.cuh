@@ -3,6 +3,7 @@
 //     producer's dQ warp adds to the fp32 accumulator by TMA reductions (bwd_producer.cuh,
 //     bwd_dq_reduce);
 //   store_dk_dv  dK and dV of their 64 keys, once, from the registers that summed them;
+//   store_dk_dv_rows  the same through shared memory in whole rows (bf16 with 80-row steps);
 //   split_gather a piece of a split block (split_tail.h): its dK / dV parts to its slot, and in the
 //     piece that counts last the sum of every piece's.
 // The staging tile is two SW128 boxes of Tile::kDqRows rows x 32 fp32 columns: row r's
@@ -84,6 +85,53 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
           pack2<T>(rdK[4 * dt + 2 * e0] * dk_scale, rdK[4 * dt + 2 * e0 + 1] * dk_scale);
       *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);
     }
+  }
+}
+
+// 80-row steps (Tile::kDqT): the same stores through shared memory, in whole 128-byte rows. `region`
+// [0] / [1]: this consumer's key block (c) of the two dS buffers, 64 of their kBM rows x 128 bytes
+// each, free once both consumers' dQ(last) and dQ(last - 1) have read them (the caller waits), and
+// written again only by this consumer's next dS (after the barrier at the end here). dK, then dV:
+// columns 64 hf .. 64 hf + 63 into region[hf], 16-byte chunk j of key row r at r 128 + (j ^ (r % 8)) 16
+// by stmatrix (8 a thread, free of bank conflicts); the consumer's named barrier `bar`; then 16-byte
+// chunks to global memory, 8 lanes a key row (the direct stores write 16 bytes a row per warp
+// instruction: 4x the instructions, twice the sectors). Needs 16-byte aligned rows (the launcher checks).
+template <typename T, int D>
+__device__ __forceinline__ void store_dk_dv_rows(const BwdParams& p, const float (&rdK)[D / 2],
+                                                 const float (&rdV)[D / 2], float dk_scale, int b, int hkv, int key0,
+                                                 const uint32_t (&region)[2], int bar, int warp, int lane,
+                                                 int ctid) {
+  static_assert(D == 128, "two 64-column halves");
+  const uint32_t row_x = uint32_t(16 * warp + 8 * ((lane / 8) % 2) + lane % 8) * 128;  // this lane's stmatrix row
+  const int r_out = ctid / 8, j_out = ctid % 8;  // its first 16-byte chunk out (rows r_out + 16 i)
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {
+    const float(&acc)[D / 2] = kv == 0 ? rdK : rdV;
+    const float sc = kv == 0 ? dk_scale : 1.f;
+#pragma unroll
+    for (int dt0 = 0; dt0 < D / 8; dt0 += 2) {
+      // Matrices (rows 0-7 / 8-15 of the warp's 16 keys) x (column groups dt0, dt0 + 1).
+      const uint32_t j = uint32_t(dt0 % 8 + lane / 16);
+      stmatrix_x4(region[dt0 / 8] + row_x + ((j ^ uint32_t(lane % 8)) << 4),
+                  pack2<T>(acc[4 * dt0] * sc, acc[4 * dt0 + 1] * sc),
+                  pack2<T>(acc[4 * dt0 + 2] * sc, acc[4 * dt0 + 3] * sc),
+                  pack2<T>(acc[4 * dt0 + 4] * sc, acc[4 * dt0 + 5] * sc),
+                  pack2<T>(acc[4 * dt0 + 6] * sc, acc[4 * dt0 + 7] * sc));
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+    T* base = static_cast<T*>(kv == 0 ? p.dk : p.dv) +
+              (kv == 0 ? b * p.dk_b_stride + hkv * p.dk_h_stride : b * p.dv_b_stride + hkv * p.dv_h_stride);
+    const int64_t j_stride = kv == 0 ? p.dk_j_stride : p.dv_j_stride;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int hf = i / 4, r = r_out + 16 * (i % 4), col = 64 * hf + 8 * j_out;
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(region[hf] + uint32_t(r) * 128 + (uint32_t(j_out ^ (r % 8)) << 4)));
+      if (key0 + r < p.J && col < p.D) *reinterpret_cast<uint4*>(base + int64_t(key0 + r) * j_stride + col) = v;
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
   }
 }
 
