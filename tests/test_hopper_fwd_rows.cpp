@@ -1,7 +1,7 @@
 // The d 64 Hopper forward's choice of 128- or 192-row CTAs (attention/cosine/cuda/hopper/fwd_rows.h),
 // on the CPU, no GPU needed: the estimate against a CTA-by-CTA count of the work, its limits (one
 // SM: all the work; many SMs: one CTA), and the launcher's choices for the shapes run S4 timed
-// both ways (docs/kernels-tried.md, "Versions tried" 16).
+// both ways (docs/history/kernels-tried-2026-11-27.md, item 16).
 #include <gtest/gtest.h>
 
 #ifdef FLASHCOS_WITH_CUDA
