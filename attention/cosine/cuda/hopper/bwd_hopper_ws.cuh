@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr bool kDqT = Tile::kDqT;
   static_assert(!kDqT || (kTmaDq && !kDet && !kBias && !kFixed), "80-row steps: the plain instance");
   // dK / dV through shared memory in whole rows (store_dk_dv_rows): 80-row steps, bf16 (run AJ2, H200:
-  // +0.7 to +0.9 % bf16 non-causal, fp16 non-causal 3.7-5.7 % slower with its step loop's code changed).
+  // +0.7 to +0.9 % bf16 non-causal; fp16 non-causal 3.7-5.7 % slower with it, cause not known).
   constexpr bool kRowStores = kDqT && std::is_same_v<T, __nv_bfloat16>;
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
