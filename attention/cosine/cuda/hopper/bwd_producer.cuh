@@ -23,7 +23,8 @@
 //   full[s]      Q, dO of stage s landed and the producer's 32 lanes stored the row stats
 //   empty[s]     the 256 consumer threads are done with stage s (its MMAs completed, stats read)
 //   ds_full[b]   the 256 consumer threads stored step it's dS^T into buffer b = it % 2
-//   ds_empty[b]  the 8 consumer warps whose dQ(it) MMA read it (it is rewritten in step it + 2)
+//   ds_empty[b]  the 8 consumer warps whose dQ(it) MMA read it (it is rewritten in step it + 2; bf16
+//                80-row steps: also waited for by store_dk_dv_rows, which stages dK / dV there)
 //   dq_full[c] / dq_empty[c]   kTmaDq: consumer c stored its dQ part / the reduction has read it
 //   kv_empty     persistent grid: the 256 consumer threads are done with the item's K, V
 //   the item queue's full / empty (BwdItemQueue), persistent grid.
