@@ -95,7 +95,7 @@ struct BwdParams : CommonParams {
   // from it (hopper/bwd_producer.cuh, BwdItemQueue); without it the grid has a CTA an item.
   int* item_counter = nullptr;
   void* dk = nullptr;  // (B, Hkv, J, D), strides below (16-bit kernels: multiples of 8, 16-byte aligned)
-  void* dv = nullptr;  // (B, Hkv, J, D), strides below
+  void* dv = nullptr;  // (B, Hkv, J, D), strides below (likewise)
   int64_t dk_b_stride = 0, dk_h_stride = 0, dk_j_stride = 0;
   int64_t dv_b_stride = 0, dv_h_stride = 0, dv_j_stride = 0;
   // (H or B, I, J) contiguous accumulator type, zeroed by the caller; nullptr without bias. With

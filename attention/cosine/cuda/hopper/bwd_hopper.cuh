@@ -114,15 +114,6 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     hopper::BwdTmaMaps maps;
     // The maps have the head dim p.D (<= D): columns past it load as zeros.
     if (p.D > D) return cudaErrorNotSupported;
-    if constexpr (Tile::kDqT && kDType == DType::kBFloat16) {  // store_dk_dv_rows: 16-byte aligned rows
-      const auto misaligned = [](const void* ptr, int64_t b_stride, int64_t h_stride, int64_t j_stride) {
-        return ((reinterpret_cast<uintptr_t>(ptr) | uint64_t(b_stride | h_stride | j_stride) * 2) & 15) != 0;
-      };
-      if (misaligned(p.dk, p.dk_b_stride, p.dk_h_stride, p.dk_j_stride) ||
-          misaligned(p.dv, p.dv_b_stride, p.dv_h_stride, p.dv_j_stride)) {
-        return cudaErrorNotSupported;
-      }
-    }
     // Deterministic with p.dq_grid: the kFixed instance (dQ rounded to each row's grid, whose sums
     // do not depend on the order of the adds) in the plain kernel's order. Not for
     // FLASHCOS_HOPPER_BWD=ws-det-serial (!kDetAhead), a comparison variant of the ordered adds.

@@ -629,7 +629,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   }
   if constexpr (kRowStores) {
     // Through this consumer's key block of both dS buffers, once both consumers' dQ(last) and
-    // dQ(last - 1) have read them (store_dk_dv_rows).
+    // dQ(last - 1) have read them (store_dk_dv_rows). (glast's phase implies glast - 1's: every warp
+    // arrives in step order. The second wait is redundant but is the code runs AJ2 / AJ3 timed.)
     const int glast = done + n_steps - 1;
     if (n_steps > 0) {
       mbar_wait(bar_ds_empty + (glast & 1), (glast >> 1) & 1);

@@ -93,9 +93,11 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
 // each, free once both consumers' dQ(last) and dQ(last - 1) have read them (the caller waits), and
 // written again only by this consumer's next dS (after the barrier at the end here). dK, then dV:
 // columns 64 hf .. 64 hf + 63 into region[hf], 16-byte chunk j of key row r at r 128 + (j ^ (r % 8)) 16
-// by stmatrix (8 a thread, free of bank conflicts); the consumer's named barrier `bar`; then 16-byte
-// chunks to global memory, 8 lanes a key row (the direct stores write 16 bytes a row per warp
-// instruction: 4x the instructions, twice the sectors). Needs 16-byte aligned rows (the launcher checks).
+// (common.cuh's sw128_offset layout, written out: the helper's signed arithmetic cost this instance
+// 48 instructions) by stmatrix (8 a thread, free of bank conflicts); the consumer's named barrier
+// `bar`; then 16-byte chunks to global memory, 8 lanes a key row (the direct stores write 16 bytes a
+// row per warp instruction: 4x the instructions, twice the sectors). dK / dV rows are 16-byte aligned
+// (BwdParams::dk: cuda_ops.cpp allocates dk and checks a caller's dv_out).
 template <typename T, int D>
 __device__ __forceinline__ void store_dk_dv_rows(const BwdParams& p, const float (&rdK)[D / 2],
                                                  const float (&rdV)[D / 2], float dk_scale, int b, int hkv, int key0,
