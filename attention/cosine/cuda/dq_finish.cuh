@@ -1,5 +1,8 @@
-// dq = dq_accum in the inputs' type (fp16 / bf16): the 16-bit backward's last kernel when the caller
-// asks for dq so (BwdParams::dq_out), in place of a separate copy by the caller.
+// dq = f dq_accum in the inputs' type (fp16 / bf16): the 16-bit backward's last kernel when the caller
+// asks for dq so (BwdParams::dq_out), in place of a separate copy by the caller. f is
+// BwdParams::dq_finish_scale: 1, or the softmax scale where the backward left it out of dq_accum (the
+// Hopper fp16 80-row steps, whose dQ staging then needs no multiply). T = float: dq_accum scaled in
+// place (dq_out = dq_accum), for a caller that keeps the float32 accumulator.
 //
 //   dq_accum, dq_out (B, H, I, D) contiguous. The query heads of kv head hkv of batch b,
 //   hkv g .. hkv g + g - 1 (g = H / Hkv), are one contiguous range of R = g I D elements: range
@@ -26,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/common/cuda/device_attribute.h"
 #include "attention/common/cuda/mma.cuh"  // pack2
@@ -48,6 +52,7 @@ __global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdPa
   const uint32_t items = uint32_t(p.B) * uint32_t(p.Hkv) * per_range;
   const float* acc = static_cast<const float*>(p.dq_accum);
   T* out = static_cast<T*>(p.dq_out);
+  const float f = p.dq_finish_scale;
   int64_t ready = -1;  // the last range seen done
   for (uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
     const uint32_t hb = item / per_range;
@@ -68,10 +73,14 @@ __global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdPa
     for (int j = 0; j < kDqFinishVecs; ++j) {
       const int64_t e = e0 + int64_t(j) * 4 * kDqFinishThreads;
       if (e < end) {
-        uint2 w;
-        w.x = pack2<T>(v[j].x, v[j].y);
-        w.y = pack2<T>(v[j].z, v[j].w);
-        *reinterpret_cast<uint2*>(out + e) = w;
+        if constexpr (std::is_same_v<T, float>) {
+          *reinterpret_cast<float4*>(out + e) = make_float4(f * v[j].x, f * v[j].y, f * v[j].z, f * v[j].w);
+        } else {
+          uint2 w;
+          w.x = pack2<T>(f * v[j].x, f * v[j].y);
+          w.y = pack2<T>(f * v[j].z, f * v[j].w);
+          *reinterpret_cast<uint2*>(out + e) = w;
+        }
       }
     }
   }

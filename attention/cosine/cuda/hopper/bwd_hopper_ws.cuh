@@ -51,6 +51,15 @@
 
 namespace flashcos::cuda::hopper {
 
+// Whether the kernel leaves the softmax scale out of dq_accum for dq_out's conversion to apply
+// (BwdParams::dq_finish_scale): fp16 (which keeps dS unscaled, kFoldScale below) in 80-row steps, so
+// that staging dQ^T takes no multiply (40 a thread and step). Where the caller keeps dq_accum (no
+// dq_out), the launcher scales it in place after the kernel (launch_dq_finish<float>).
+template <typename T, bool kDqT>
+constexpr bool bwd_dq_unscaled() {
+  return kDqT && !std::is_same_v<T, __nv_bfloat16>;
+}
+
 template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false,
           bool kFixed = false, bool kDsFp32 = false, bool kPersist = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
@@ -74,6 +83,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kDqUnscaled = bwd_dq_unscaled<T, kDqT>();  // dQ without the scale (above)
   // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T
   // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).
   constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;
@@ -239,8 +249,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   }
   const float scale_log2 = p.scale * kLog2e;
   // kFoldScale: dS carries the scale (dS' = scale dS, D_i scaled by the producer), so dQ = dS' K and
-  // dK = dS'^T Q need no multiply; otherwise it is applied where dQ and dK are written.
-  const float ds_scale = kFoldScale ? p.scale : 1.f, dqk_scale = kFoldScale ? 1.f : p.scale;
+  // dK = dS'^T Q need no multiply; otherwise it is applied where dQ and dK are written (kDqUnscaled:
+  // dQ's by dq_out's conversion).
+  const float ds_scale = kFoldScale ? p.scale : 1.f, dk_scale = kFoldScale ? 1.f : p.scale;
+  const float dq_scale = kFoldScale || kDqUnscaled ? 1.f : p.scale;
 
   float rdK[D / 2], rdV[D / 2], rdQ[Tile::kDqRegs];
 #pragma unroll
@@ -280,9 +292,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if (done + it > 0) mbar_wait(bar_dq_empty + c, (done + it - 1) & 1);
       unsigned char* tile = sdQ + c * Tile::kDqTileBytes;
       if constexpr (kDqT) {
-        stage_dq_transposed<Tile>(tile, rdQ, dqk_scale, warp, g, t);
+        stage_dq_transposed<Tile>(tile, rdQ, dq_scale, warp, g, t);
       } else {
-        stage_dq_rows<Tile, kFixed>(tile, rdQ, dqk_scale, grid_c, warp, g, t);
+        stage_dq_rows<Tile, kFixed>(tile, rdQ, dq_scale, grid_c, warp, g, t);
       }
       // Handed to the producer (fence, dq_full) at the start of the next step, or here after
       // the last one (hand_off_dq).
@@ -305,8 +317,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kNQ / 8; ++i)
         if ((kSplitRows ? 0 : c * kNQ) + i * 8 < p.D)
-          atomic_add2(gdQ + int64_t(r) * p.D + (kSplitRows ? 0 : c * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * dqk_scale,
-                      rdQ[4 * i + 2 * e0 + 1] * dqk_scale);
+          atomic_add2(gdQ + int64_t(r) * p.D + (kSplitRows ? 0 : c * kNQ) + i * 8 + 2 * t, rdQ[4 * i + 2 * e0] * dq_scale,
+                      rdQ[4 * i + 2 * e0 + 1] * dq_scale);
     }
   };
   // dQ(it) = dS(it) K: A = dS (rows M-major in dS^T buffer (done + it) % 2), B = K (N-major). 128-row steps:
@@ -637,9 +649,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if (glast >= 1) mbar_wait(bar_ds_empty + ((glast - 1) & 1), ((glast - 1) >> 1) & 1);
     }
     const uint32_t region[2] = {adS + uint32_t(c * kBM * kSw128Row), adS + uint32_t(Tile::kSBytes + c * kBM * kSw128Row)};
-    store_dk_dv_rows<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + c * 64, region, 2 + c, warp, lane, tid % 128);
+    store_dk_dv_rows<T, D>(p, rdK, rdV, dk_scale, b, hkv, n0 + c * 64, region, 2 + c, warp, lane, tid % 128);
   } else {
-    store_dk_dv<T, D>(p, rdK, rdV, dqk_scale, b, hkv, n0 + key_local0, t);
+    store_dk_dv<T, D>(p, rdK, rdV, dk_scale, b, hkv, n0 + key_local0, t);
   }
   FLASHCOS_BWD_MARK(kMarkStored);
   };
