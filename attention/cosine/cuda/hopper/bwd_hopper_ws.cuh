@@ -51,15 +51,6 @@
 
 namespace flashcos::cuda::hopper {
 
-// Whether the kernel leaves the softmax scale out of dq_accum for dq_out's conversion to apply
-// (BwdParams::dq_finish_scale): fp16 (which keeps dS unscaled, kFoldScale below) in 80-row steps, so
-// that staging dQ^T takes no multiply (40 a thread and step). Where the caller keeps dq_accum (no
-// dq_out), the launcher scales it in place after the kernel (launch_dq_finish<float>).
-template <typename T, bool kDqT>
-constexpr bool bwd_dq_unscaled() {
-  return kDqT && !std::is_same_v<T, __nv_bfloat16>;
-}
-
 template <typename T, int D, int BM, bool kDet, bool kTmaDq, bool kDetAhead = false, bool kBias = false,
           bool kFixed = false, bool kDsFp32 = false, bool kPersist = false>
 __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
@@ -83,7 +74,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
   // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
   constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
-  constexpr bool kDqUnscaled = bwd_dq_unscaled<T, kDqT>();  // dQ without the scale (above)
+  constexpr bool kDqUnscaled = bwd_dq_unscaled<T, kDqT>();  // dQ without the scale (bwd_stores.cuh)
   // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T
   // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).
   constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;

@@ -1,7 +1,7 @@
 // What the Hopper backward's consumers (bwd_hopper_ws.cuh) write to memory besides dS:
 //   stage_dq_rows / stage_dq_transposed  their dQ part of a step into a staging tile, which the
 //     producer's dQ warp adds to the fp32 accumulator by TMA reductions (bwd_producer.cuh,
-//     bwd_dq_reduce);
+//     bwd_dq_reduce); bwd_dq_unscaled says whether that part carries the softmax scale;
 //   store_dk_dv  dK and dV of their 64 keys, once, from the registers that summed them;
 //   store_dk_dv_rows  the same through shared memory in whole rows (bf16 with 80-row steps);
 //   split_gather a piece of a split block (split_tail.h): its dK / dV parts to its slot, and in the
@@ -12,11 +12,25 @@
 // 16 warp + g + 8 e0, column 8 j + 2 t + h (g = lane / 4, t = lane % 4).
 #pragma once
 
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "attention/cosine/cuda/hopper/split_tail.h"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/params.h"
 
 namespace flashcos::cuda::hopper {
+
+// Whether the kernel stages dQ without the softmax scale, leaving it to dq_out's conversion
+// (BwdParams::dq_finish_scale): fp16 (which keeps dS unscaled; bf16 folds the scale into dS) in
+// 80-row steps (kDqT), so that stage_dq_transposed takes no multiply (40 a thread and step). Where the
+// caller keeps dq_accum (no dq_out), the launcher scales it in place after the kernel
+// (launch_dq_finish<float>).
+template <typename T, bool kDqT>
+constexpr bool bwd_dq_unscaled() {
+  return kDqT && !std::is_same_v<T, __nv_bfloat16>;
+}
 
 // dQ = dS K as rows x columns (64 rows, this consumer's 64 columns): each thread's column pairs are
 // adjacent, one 8-byte store per pair. kFixed (the deterministic grid): each value rounded to its
