@@ -1,8 +1,8 @@
 // dq = f dq_accum in the inputs' type (fp16 / bf16): the 16-bit backward's last kernel when the caller
-// asks for dq so (BwdParams::dq_out), in place of a separate copy by the caller. f is
-// BwdParams::dq_finish_scale: 1, or the softmax scale where the backward left it out of dq_accum (the
-// Hopper fp16 80-row steps, whose dQ staging then needs no multiply). T = float: dq_accum scaled in
-// place (dq_out = dq_accum), for a caller that keeps the float32 accumulator.
+// asks for dq so (BwdParams::dq_out), in place of a separate copy by the caller. f (launch_dq_finish's
+// `scale`): 1, or the softmax scale where the backward left it out of dq_accum (the Hopper fp16 80-row
+// steps, hopper::bwd_dq_unscaled). T = float: dq_accum scaled in place (dq_out = dq_accum), for a caller
+// that keeps the float32 accumulator.
 //
 //   dq_accum, dq_out (B, H, I, D) contiguous. The query heads of kv head hkv of batch b,
 //   hkv g .. hkv g + g - 1 (g = H / Hkv), are one contiguous range of R = g I D elements: range
@@ -45,14 +45,13 @@ constexpr int kDqFinishVecs = 4;  // float4 per thread and item
 constexpr int64_t kDqFinishChunk = int64_t(kDqFinishThreads) * kDqFinishVecs * 4;
 
 template <typename T>
-__global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdParams p, int expected) {
+__global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdParams p, int expected, float f) {
   const int64_t range = int64_t(p.H / p.Hkv) * p.I * p.D;  // a multiple of 4: D is
   // Item counts fit 32 bits (the launcher checks): 32-bit divisions in the loop.
   const uint32_t per_range = uint32_t((range + kDqFinishChunk - 1) / kDqFinishChunk);
   const uint32_t items = uint32_t(p.B) * uint32_t(p.Hkv) * per_range;
   const float* acc = static_cast<const float*>(p.dq_accum);
   T* out = static_cast<T*>(p.dq_out);
-  const float f = p.dq_finish_scale;
   int64_t ready = -1;  // the last range seen done
   for (uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
     const uint32_t hb = item / per_range;
@@ -91,7 +90,7 @@ __global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdPa
 // 0; or counted by the kernel just launched: expected adds per range, see the header).
 // FLASHCOS_DQ_FINISH_PDL=0: the counted kernel launched plainly (for comparisons).
 template <typename T>
-cudaError_t launch_dq_finish(const BwdParams& p, int expected, cudaStream_t stream) {
+cudaError_t launch_dq_finish(const BwdParams& p, int expected, cudaStream_t stream, float scale = 1.f) {
   if (p.dq_out == nullptr || p.dq_accum == nullptr) return cudaErrorInvalidValue;
   if (p.D % 4 != 0 || p.Hkv < 1 || p.H % p.Hkv != 0 || (expected > 0 && p.dq_done == nullptr)) {
     return cudaErrorInvalidValue;
@@ -110,7 +109,7 @@ cudaError_t launch_dq_finish(const BwdParams& p, int expected, cudaStream_t stre
   // converts heads done long before.
   const int64_t cap = int64_t(sms) * (overlap ? 4 : 8);
   const int64_t grid = items < cap ? items : cap;
-  return pdl::launch<dq_finish_kernel<T>>(overlap, dim3(unsigned(grid)), dim3(kDqFinishThreads), stream, p, expected);
+  return pdl::launch<dq_finish_kernel<T>>(overlap, dim3(unsigned(grid)), dim3(kDqFinishThreads), stream, p, expected, scale);
 }
 
 }  // namespace flashcos::cuda

@@ -82,16 +82,13 @@ struct BwdParams : CommonParams {
 
   // dq: the 16-bit kernels add into dq_accum (B, H, I, D) float, contiguous, zeroed by the
   // caller, multiplied by scale once the launcher returns (the Hopper fp16 80-row backward leaves the
-  // scale to dq_out's conversion, or without dq_out to a pass in place: dq_finish_scale); the fp32/fp64
-  // kernels write dq directly.
+  // scale to dq_out's conversion, or without dq_out to a pass in place: hopper::bwd_dq_unscaled); the
+  // fp32/fp64 kernels write dq directly.
   void* dq_accum = nullptr;
   void* dq = nullptr;  // (B, H, I, D) contiguous, fp32/fp64 kernels only
   // The 16-bit kernels' dq, or nullptr (the caller converts dq_accum itself): (B, H, I, D)
   // contiguous, the inputs' type, written from dq_accum by the launcher's last kernel (dq_finish.cuh).
   void* dq_out = nullptr;
-  // Launcher-owned: the factor dq_out's conversion multiplies dq_accum by (the scale where the kernel
-  // left it out of dq_accum, 1 otherwise; dq_finish.cuh).
-  float dq_finish_scale = 1.f;
   // With dq_out: (B, Hkv) int counters zeroed by the caller, or nullptr. The Hopper backward's dQ
   // warps count there each CTA's completed adds into its (b, kv head)'s dQ, so that dq_out's
   // conversion of a head starts while the other heads' CTAs still run (dq_finish.cuh).

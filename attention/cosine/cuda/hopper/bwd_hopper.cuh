@@ -147,7 +147,6 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (fixed) banded.dq_semaphore = nullptr;  // no turns: the plain kernel's order
     hopper::choose_bwd_order(banded, D, Tile::kBN, sms, hopper_bwd_order_knobs());
     banded.bwd_rows_on_grid = hopper_bwd_rows_on_grid();
-    if constexpr (hopper::bwd_dq_unscaled<T, Tile::kDqT>()) banded.dq_finish_scale = p.scale;
     // The split tail, where the caller gave the slots for it (hopper_split_slots; none in the
     // deterministic mode: hopper_bwd_split).
     int64_t grid = blocks;
@@ -216,14 +215,17 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     }
 #endif
     if (run != cudaSuccess) return run;
+    // The scale the kernel left out of dq_accum, for dq's conversion to apply (1 where it is in).
+    constexpr bool kUnscaled = hopper::bwd_dq_unscaled<T, Tile::kDqT>();
+    const float dq_scale = kUnscaled ? p.scale : 1.f;
     if (p.dq_out == nullptr) {  // the caller keeps dq_accum: scaled in place where the kernel left the scale out
-      if (banded.dq_finish_scale == 1.f) return cudaSuccess;
+      if (!kUnscaled) return cudaSuccess;
       BwdParams in_place = banded;
       in_place.dq_out = in_place.dq_accum;
-      return launch_dq_finish<float>(in_place, 0, stream);
+      return launch_dq_finish<float>(in_place, 0, stream, dq_scale);
     }
     // A whole block counts split_pieces per dQ warp, a piece 1 (bwd_dq_reduce).
-    return launch_dq_finish<T>(banded, counted ? int(2 * key_blocks * banded.split_pieces) : 0, stream);
+    return launch_dq_finish<T>(banded, counted ? int(2 * key_blocks * banded.split_pieces) : 0, stream, dq_scale);
   }
 }
 

@@ -23,7 +23,7 @@
 namespace flashcos::cuda::hopper {
 
 // Whether the kernel stages dQ without the softmax scale, leaving it to dq_out's conversion
-// (BwdParams::dq_finish_scale): fp16 (which keeps dS unscaled; bf16 folds the scale into dS) in
+// (launch_dq_finish's `scale`): fp16 (which keeps dS unscaled; bf16 folds the scale into dS) in
 // 80-row steps (kDqT), so that stage_dq_transposed takes no multiply (40 a thread and step). Where the
 // caller keeps dq_accum (no dq_out), the launcher scales it in place after the kernel
 // (launch_dq_finish<float>).
