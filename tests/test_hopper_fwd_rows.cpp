@@ -122,9 +122,20 @@ TEST(HopperFwdRows, LongSequencesKeep192Rows) {
   }
 }
 
+// The backward's default grid: persistent under a causal mask whatever the type and instance, and
+// without one only for fp16 in the 64 instance (where runs AL3 / AL4 measured it ahead).
+TEST(HopperPersistentGrid, BackwardDefault) {
+  for (const bool fp16 : {false, true}) {
+    for (const int dim : {64, 128}) {
+      EXPECT_TRUE(bwd_persistent_by_default(fp16, dim, true)) << fp16 << " " << dim;
+      EXPECT_EQ(bwd_persistent_by_default(fp16, dim, false), fp16 && dim == 64) << fp16 << " " << dim;
+    }
+  }
+}
+
 // A persistent grid (the forward's and the backward's): one CTA an SM where it has fewer CTAs than
 // items, none otherwise; the default where the launch says so (the forward without a causal mask, the
-// backward with one), "all" always, a count caps the CTAs (whatever the default).
+// backward as in BackwardDefault), "all" always, a count caps the CTAs (whatever the default).
 TEST(HopperPersistentGrid, Size) {
   for (const int sms : {1, 7, 132}) {
     for (const int64_t items : {int64_t(1), int64_t(sms), int64_t(sms) + 1, int64_t(1000), int64_t(1) << 31}) {

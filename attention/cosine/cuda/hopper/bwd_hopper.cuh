@@ -93,13 +93,11 @@ inline hopper::TailSplit hopper_bwd_split(const BwdParams& p, int bm, int sms) {
 
 // The persistent grid's CTAs (hopper::persistent_ctas) for the plain instance's `items` (key blocks
 // and split pieces, hopper::bwd_grid_items), or 0. FLASHCOS_HOPPER_BWD_PERSISTENT (read once,
-// hopper::persistent_mode): unset, the grid is persistent under a causal mask (H200, against one CTA an
-// item, backward TFLOP/s: causal +0.0 to +6.2 % in all sixteen b4 h8 cases, run AG5; without a causal
-// mask -1.0 to +2.8 %, means per case -0.3 to +2.3 %, run AH5, too close to call; docs/kernels-tried.md
-// item 27); "0" never; "all" always; a count n >= 1 at most n CTAs (for tests).
-inline int64_t hopper_bwd_persistent_ctas(bool causal, int64_t items, int sms) {
+// hopper::persistent_mode): unset, hopper::bwd_persistent_by_default; "0" never; "all" always; a count
+// n >= 1 at most n CTAs (for tests).
+inline int64_t hopper_bwd_persistent_ctas(bool by_default, int64_t items, int sms) {
   static const int64_t mode = hopper::persistent_mode(std::getenv("FLASHCOS_HOPPER_BWD_PERSISTENT"));
-  return hopper::persistent_ctas(mode, causal, items, sms);
+  return hopper::persistent_ctas(mode, by_default, items, sms);
 }
 
 // The delta kernel, then the backward; cudaErrorNotSupported (before anything ran) where the TMA
@@ -196,7 +194,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if constexpr (kTmaDq && kDetAhead && Tile::kMayPersist) {
       if (kernel == plain && p.item_counter != nullptr) {  // one CTA an SM (no room for a second)
         static_assert(2 * Tile::kSmem > 228 * 1024, "one CTA an SM");
-        const int64_t ctas = hopper_bwd_persistent_ctas(p.causal, grid, sms);
+        const bool by_default = hopper::bwd_persistent_by_default(std::is_same_v<T, __half>, D, p.causal);
+        const int64_t ctas = hopper_bwd_persistent_ctas(by_default, grid, sms);
         if (ctas > 0) {
           grid = ctas;
           kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, false, true>;
