@@ -40,7 +40,7 @@ inline int64_t persistent_ctas(int64_t mode, bool by_default, int64_t items, int
 // 16-bit type (fp16 or not) and instance head dim (64 or 128; head dims up to 64 run the 64 one):
 // under a causal mask (H200, against one CTA an item, backward TFLOP/s: +0.0 to +6.2 % in all sixteen
 // b4 h8 cases, run AG5), and for fp16 in the 64 instance without one (runs AL3 / AL4, H200, b4 h8 d 64,
-// three interleaved processes each: fp16 +1.3 to +2.0 % at n 8192 / 16384, bf16 -0.6 / +0.3 %).
+// three interleaved processes each, means: fp16 +1.3 to +1.9 % at n 8192 / 16384, bf16 -0.6 / +0.3 %).
 // Otherwise not: without a causal mask -1.0 to +2.8 %, means per case -0.3 to +2.3 % (run AH5), and
 // fp16 d 128 -0.8 / +0.5 % (run AK4), too close to call; docs/kernels-tried.md items 27, 35 and 36.
 inline bool bwd_persistent_by_default(bool fp16, int instance_dim, bool causal) {
