@@ -71,9 +71,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // dK / dV through shared memory in whole rows (store_dk_dv_rows): 80-row steps, bf16 (run AJ2, H200:
   // +0.7 to +0.9 % bf16 non-causal; fp16 non-causal 3.7-5.7 % slower with it, cause not known).
   constexpr bool kRowStores = kDqT && std::is_same_v<T, __nv_bfloat16>;
-  // bf16 folds the scale into dS before its rounding (same relative rounding, bf16 has fp32's
-  // range); fp16 keeps dS unscaled, where scale dS could pass 65504.
-  constexpr bool kFoldScale = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kFoldScale = bwd_folds_scale<T>();  // bf16: the scale in dS (bwd_stores.cuh)
   constexpr bool kDqUnscaled = bwd_dq_unscaled<T, kDqT>();  // dQ without the scale (bwd_stores.cuh)
   // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T
   // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).

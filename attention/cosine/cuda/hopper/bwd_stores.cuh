@@ -22,14 +22,21 @@
 
 namespace flashcos::cuda::hopper {
 
+// Whether the kernel folds the softmax scale into dS before its rounding (dS' = scale dS, D_i scaled
+// by the producer), so that dQ = dS' K and dK = dS'^T Q need no multiply: bf16 (same relative
+// rounding, bf16 has fp32's range); fp16 keeps dS unscaled, where scale dS could pass 65504.
+template <typename T>
+constexpr bool bwd_folds_scale() {
+  return std::is_same_v<T, __nv_bfloat16>;
+}
+
 // Whether the kernel stages dQ without the softmax scale, leaving it to dq_out's conversion
-// (launch_dq_finish's `scale`): fp16 (which keeps dS unscaled; bf16 folds the scale into dS) in
-// 80-row steps (kDqT), so that stage_dq_transposed takes no multiply (40 a thread and step). Where the
-// caller keeps dq_accum (no dq_out), the launcher scales it in place after the kernel
-// (launch_dq_finish<float>).
+// (launch_dq_finish's `scale`): where dS is unscaled (!bwd_folds_scale, fp16) in 80-row steps (kDqT),
+// so that stage_dq_transposed takes no multiply (40 a thread and step). Where the caller keeps
+// dq_accum (no dq_out), the launcher scales it in place after the kernel (launch_dq_finish<float>).
 template <typename T, bool kDqT>
 constexpr bool bwd_dq_unscaled() {
-  return kDqT && !std::is_same_v<T, __nv_bfloat16>;
+  return kDqT && !bwd_folds_scale<T>();
 }
 
 // dQ = dS K as rows x columns (64 rows, this consumer's 64 columns): each thread's column pairs are
