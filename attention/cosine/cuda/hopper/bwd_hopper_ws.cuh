@@ -68,9 +68,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // 80-row steps (Tile::kDqT): dQ^T = K^T dS^T (below); the plain instance only.
   constexpr bool kDqT = Tile::kDqT;
   static_assert(!kDqT || (kTmaDq && !kDet && !kBias && !kFixed), "80-row steps: the plain instance");
-  // dK / dV through shared memory in whole rows (store_dk_dv_rows): 80-row steps, bf16 (run AJ2, H200:
-  // +0.7 to +0.9 % bf16 non-causal; fp16 non-causal 3.7-5.7 % slower with it, cause not known).
-  constexpr bool kRowStores = kDqT && std::is_same_v<T, __nv_bfloat16>;
+  // dK / dV through shared memory in whole rows (store_dk_dv_rows): 80-row steps (H200: bf16 +0.7 to
+  // +0.9 % non-causal in run AJ2; fp16, on the loop without the dQ scale, +1.7 / +0.7 % non-causal n 8192
+  // / 16384, -0.3 / +1.3 % causal in run AM1; docs/kernels-tried.md item 33).
+  constexpr bool kRowStores = kDqT;
   constexpr bool kFoldScale = bwd_folds_scale<T>();  // bf16: the scale in dS (bwd_stores.cuh)
   constexpr bool kDqUnscaled = bwd_dq_unscaled<T, kDqT>();  // dQ without the scale (bwd_stores.cuh)
   // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T

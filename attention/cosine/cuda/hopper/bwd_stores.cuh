@@ -3,7 +3,7 @@
 //     producer's dQ warp adds to the fp32 accumulator by TMA reductions (bwd_producer.cuh,
 //     bwd_dq_reduce); bwd_dq_unscaled says whether that part carries the softmax scale;
 //   store_dk_dv  dK and dV of their 64 keys, once, from the registers that summed them;
-//   store_dk_dv_rows  the same through shared memory in whole rows (bf16 with 80-row steps);
+//   store_dk_dv_rows  the same through shared memory in whole rows (80-row steps);
 //   split_gather a piece of a split block (split_tail.h): its dK / dV parts to its slot, and in the
 //     piece that counts last the sum of every piece's.
 // The staging tile is two SW128 boxes of Tile::kDqRows rows x 32 fp32 columns: row r's
