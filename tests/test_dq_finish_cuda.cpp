@@ -59,7 +59,12 @@ TEST_P(DqFinishCuda, SixteenBitDqIsTheFloatAccumulatorRoundedOnce) {
   ASSERT_EQ(full.dq.scalar_type(), at::kFloat);
   ASSERT_EQ(half.dq.sizes(), q.sizes());
   EXPECT_FALSE(half.dq.isnan().any().item<bool>()) << c.name << ": dq has elements no kernel wrote";
-  const at::Tensor rounded = full.dq.to(c.dtype);
+  // The float32 route's gradient is dq times dq_factor: 1, or the softmax scale the kernel left out.
+  const float scale = float(args.scale);
+  EXPECT_TRUE(full.dq_factor == 1.f || full.dq_factor == scale)
+      << c.name << ": dq_factor " << full.dq_factor << ", expected 1 or the scale " << scale;
+  EXPECT_EQ(half.dq_factor, 1.f) << c.name << ": the 16-bit dq carries its scale";
+  const at::Tensor rounded = (full.dq * full.dq_factor).to(c.dtype);
   const int64_t differ = half.dq.ne(rounded).sum().item<int64_t>();
   EXPECT_EQ(differ, 0) << c.name << ": " << differ << " of " << half.dq.numel()
                        << " dq elements differ from the float32 accumulator rounded";

@@ -368,6 +368,19 @@ TEST_P(L2NormCudaMisc, DetailApiStridedOutputs) {
   EXPECT_TRUE((dxbuf.select(2, 0) == sentinel).all().item<bool>()) << "backward wrote outside dx_out";
   EXPECT_TRUE((dxbuf.select(2, 2) == sentinel).all().item<bool>()) << "backward wrote outside dx_out";
   EXPECT_LE(rel_err(dx, ref.dx), tol) << "dx from a float32 dy";
+  // dy_scale (the attention's dq accumulator without its softmax scale): dx of dy times the scale,
+  // written over the same slice (poisoned first), nothing outside it touched.
+  {
+    const double s = 13.7;
+    const NormRef ref_s = l2norm_reference(x, G, dyf * s);
+    dx_out.fill_(std::numeric_limits<double>::quiet_NaN());
+    const at::Tensor dx_s = flashcos::detail::l2norm_cuda_backward(dyf, x, fr.second, G, dx_out, nullptr, s);
+    EXPECT_EQ(dx_s.data_ptr(), dx_out.data_ptr()) << "dx not written into dx_out";
+    EXPECT_LE(rel_err(dx_s, ref_s.dx), tol) << "dx from a float32 dy with dy_scale " << s;
+    EXPECT_GT(rel_err(dx_s, ref.dx), 0.5) << "dy_scale ignored";
+    EXPECT_TRUE((dxbuf.select(2, 0) == sentinel).all().item<bool>()) << "backward wrote outside dx_out";
+    EXPECT_TRUE((dxbuf.select(2, 2) == sentinel).all().item<bool>()) << "backward wrote outside dx_out";
+  }
 
   // A contiguous float32 dy 8 bytes past an aligned address: not 16-byte aligned, so the backward
   // must realign it (the contract: dy of any strides).

@@ -40,6 +40,9 @@ struct ForwardResult {
 
 struct BackwardResult {
   at::Tensor dq, dk, dv, dbias;
+  // With fused_backward's dq_float: the gradient is dq times dq_factor (the kernels may leave the
+  // softmax scale out of their float32 accumulator, for the reader of dq to apply); 1 elsewhere.
+  float dq_factor = 1.f;
 };
 
 // Tiled path: chunked libtorch ops, any device, O(tile^2) extra memory per batch-head.
@@ -52,7 +55,8 @@ BackwardResult tiled_backward(const at::Tensor& dout, const at::Tensor& q, const
 // Fused CUDA kernels (attention/cosine/cuda_ops.cpp). Throw a c10::Error in a build without CUDA.
 // o_out: where to write o ((B, H, I, D), q's dtype, any strides the kernels take), else allocated.
 // dq_float: for fp16 / bf16 inputs, return dq as the kernels' float32 accumulator (no rounding
-// pass; the packed path's l2norm backward reads it). dv_out: where to write dv (v's shape, the
+// pass; the packed path's l2norm backward reads it), the gradient being dq times the result's
+// dq_factor. dv_out: where to write dv (v's shape, the
 // kernels' strides), else allocated.
 ForwardResult fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask, const at::Tensor& bias, const CoreArgs& args,

@@ -7,8 +7,9 @@
 //             of the q and k views into (B, H, T, D) buffers (attention/l2norm/cuda/l2norm.h),
 //             the attention kernel with v read in place and o written in (B, T, H, D) order, so
 //             the (B, T, H D) result is a view;
-//   backward: the attention backward with dQ kept in its float32 accumulator, then the l2norm
-//             backward writes dq and dk straight into the packed (B, T, 3 H D) gradient, the
+//   backward: the attention backward with dQ kept in its float32 accumulator (where the kernel
+//             left the softmax scale out of it, the l2norm backward multiplies it in: dq_factor),
+//             then the l2norm backward writes dq and dk straight into the packed (B, T, 3 H D) gradient, the
 //             attention kernel writes dv there: one gradient tensor, no zero-filled slices to add up
 //             (with rotary the l2norm backward kernel applies R^T to dq, dk first).
 #include <ATen/ATen.h>
@@ -90,7 +91,7 @@ class QkvAttentionFunction : public torch::autograd::Function<QkvAttentionFuncti
                                           /*dq_float=*/true, /*dv_out=*/part(dqkv, heads, 2));
     const detail::RotaryArgs rot{ctx->saved_data["base"].toDouble(), ctx->saved_data["offset"].toInt()};
     const detail::RotaryArgs* rp = ctx->saved_data["rotary"].toBool() ? &rot : nullptr;
-    detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0), rp);
+    detail::l2norm_cuda_backward(g.dq, part(qkv, heads, 0), rq, groups, part(dqkv, heads, 0), rp, g.dq_factor);
     detail::l2norm_cuda_backward(g.dk, part(qkv, heads, 1), rk, groups, part(dqkv, heads, 1), rp);
     return {dqkv,         at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

@@ -147,7 +147,7 @@ std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64
 }
 
 at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r, int64_t groups,
-                                const at::Tensor& dx_out, const RotaryArgs* rotary) {
+                                const at::Tensor& dx_out, const RotaryArgs* rotary, double dy_scale) {
   TORCH_CHECK(l2norm_cuda_supported(x, groups), "flashcos l2norm_cuda_backward: unsupported input ", x.sizes(),
               " ", x.scalar_type(), " with ", groups, " groups");
   TORCH_CHECK(dy.sizes() == x.sizes() && dy.device() == x.device(), "flashcos l2norm_cuda_backward: dy ",
@@ -170,6 +170,7 @@ at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const
   TORCH_CHECK(describe(dx, p.dx), "flashcos l2norm_cuda_backward: dx needs a contiguous last dim");
   poison_if_requested(dx);
   p.r = const_cast<float*>(r.data_ptr<float>());
+  p.dy_scale = float(dy_scale);
   const at::Tensor table = set_rotary(p, rotary, x);
   C10_CUDA_CHECK(fc::run_l2norm_bwd(p, c10::cuda::getCurrentCUDAStream()));
   return dx;
@@ -184,7 +185,7 @@ std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor&, int64_t
 }
 
 at::Tensor l2norm_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&,
-                                const RotaryArgs*) {
+                                const RotaryArgs*, double) {
   TORCH_CHECK(false, "flashcos: this build has no CUDA kernels");
 }
 

@@ -28,7 +28,10 @@ std::pair<at::Tensor, at::Tensor> l2norm_cuda_forward(const at::Tensor& x, int64
 // dx for the incoming dy (any float dtype / strides), from x and the forward's r (y recomputed in
 // float32); written into dx_out when given (x's shape and dtype, 16-byte aligned strides).
 // With `rotary`, dy is the gradient of the rotated output (R^T is applied to it in the kernel).
+// dy_scale: the gradient is dy times it (the attention's dq accumulator may come without its softmax
+// scale: BackwardResult::dq_factor); applied in the kernel, in float32.
 at::Tensor l2norm_cuda_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& r, int64_t groups,
-                                const at::Tensor& dx_out = {}, const RotaryArgs* rotary = nullptr);
+                                const at::Tensor& dx_out = {}, const RotaryArgs* rotary = nullptr,
+                                double dy_scale = 1.0);
 
 }  // namespace flashcos::detail

@@ -1,7 +1,7 @@
 // Fused l2norm forward / backward (attention/l2norm/cuda/l2norm.h). One thread per 8 elements; the
 // gs / 8 threads of a group sit side by side in one warp and reduce with xor shuffles.
 //   forward:  y = x r, r = 1 / max(|x_g|, eps);  with rotary, out = R(t) y
-//   backward: g = R(t)^T dout (with rotary, else g = dout);  dx = r (g - y sum_g(g y))
+//   backward: g = R(t)^T dout (with rotary, else g = dout);  dx = s r (g - y sum_g(g y)), s = dy_scale
 // R(t) on the pair (a, b) = (2m, 2m + 1) of a group, angle th = t * inv_freq[m]:
 //   (a, b) -> (a cos th - b sin th, a sin th + b cos th);  R^T: (a cos th + b sin th, -a sin th + b cos th).
 // A thread's 8 elements are 4 whole pairs (groups start at multiples of 8), so no shuffles are
@@ -181,8 +181,9 @@ __global__ void __launch_bounds__(kThreads) l2norm_bwd_kernel(const L2NormParams
   // Where the norm was clamped to eps, y = x r is not on the sphere and the projection term is
   // dropped (dx = r dy), as in the libtorch path.
   const float proj = ss > p.eps * p.eps ? s : 0.f;
+  const float rs = r * p.dy_scale;  // dx is linear in dy
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) dy.v[e] = r * (dy.v[e] - x.v[e] * r * proj);
+  for (int e = 0; e < kVec; ++e) dy.v[e] = rs * (dy.v[e] - x.v[e] * r * proj);
   store8(p.dx, offset(p.dx, c.i0, c.i1, c.i2, c.col), dy);
 }
 

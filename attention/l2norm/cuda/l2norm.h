@@ -1,6 +1,7 @@
 // Torch-free parameters of the fused l2norm kernels (attention/l2norm/cuda/l2norm.cu):
 //   y = x r,  r = 1 / max(|x_g|, eps)  per group g of `gs` consecutive elements of the last dim;
-//   dx = r (dy - y sum_g(dy y))  where |x_g| > eps, else r dy   (y recomputed from x in fp32).
+//   dx = r (dy - y sum_g(dy y))  where |x_g| > eps, else r dy   (y recomputed from x in fp32;
+//   times dy_scale where the caller's dy comes without a factor of the gradient).
 // With `rotary` (DESIGN.md, Positions) the forward writes R(t) y instead of y, and the backward
 // takes dy as the gradient of R(t) y and applies R(t)^T to it first. R(t) rotates each pair of
 // features (2m, 2m + 1) of a group by the angle t * inv_freq[m] (m = 0 .. gs / 2 - 1; the caller
@@ -38,6 +39,7 @@ struct L2NormParams {
   NormTensor dy;       // backward: incoming gradient
   NormTensor dx;       // backward output (ptr written through)
   float* r = nullptr;  // forward writes it, backward reads it
+  float dy_scale = 1.f;  // backward: the gradient is dy times it (dx scaled alike)
   // Rotary positions (see the top): off unless `rotary`.
   bool rotary = false;
   int64_t pos_offset = 0;

@@ -217,8 +217,12 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     // The scale the kernel left out of dq_accum, for dq's conversion to apply (1 where it is in).
     constexpr bool kUnscaled = hopper::bwd_dq_unscaled<T, Tile::kDqT>();
     const float dq_scale = kUnscaled ? p.scale : 1.f;
-    if (p.dq_out == nullptr) {  // the caller keeps dq_accum: scaled in place where the kernel left the scale out
+    if (p.dq_out == nullptr) {  // the caller keeps dq_accum: the scale left to it, or applied in place
       if (!kUnscaled) return cudaSuccess;
+      if (p.dq_scale_left != nullptr) {
+        *p.dq_scale_left = dq_scale;
+        return cudaSuccess;
+      }
       BwdParams in_place = banded;
       in_place.dq_out = in_place.dq_accum;
       return launch_dq_finish<float>(in_place, 0, stream, dq_scale);
