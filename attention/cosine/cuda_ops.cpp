@@ -308,13 +308,17 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
 
   BackwardResult r;
   fc::BwdParams p = make_bwd_params(dout, q, k, v, o, lc, mask, bias, args, buf);
-  if (accum && dq_float) p.dq_scale_left = &r.dq_factor;  // the l2norm backward applies it
+  if (accum) p.dq_scale_left = &r.dq_factor;  // without dq_out: the scale the kernel may leave to us
   int slot_floats = 0;
   const int64_t slots = fc::run_bwd_split_slots(p, &slot_floats);
   const auto split = give_split_slots(p, slots, slot_floats, q);  // the split tail's dK / dV slots, if planned
   C10_CUDA_CHECK(fc::run_bwd(p, c10::cuda::getCurrentCUDAStream()));
 
-  if (buf.dq_accum.defined() && buf.dq.defined() && !buf.dq_done.defined()) buf.dq.copy_(buf.dq_accum);
+  if (buf.dq_accum.defined() && buf.dq.defined() && !buf.dq_done.defined()) {  // FLASHCOS_DQ_FINISH=0
+    if (r.dq_factor != 1.f) buf.dq_accum.mul_(r.dq_factor);
+    buf.dq.copy_(buf.dq_accum);
+    r.dq_factor = 1.f;
+  }
   r.dq = buf.dq.defined() ? buf.dq : buf.dq_accum;
   r.dk = buf.dk;
   r.dv = buf.dv;

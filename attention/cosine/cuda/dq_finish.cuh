@@ -1,8 +1,7 @@
 // dq = f dq_accum in the inputs' type (fp16 / bf16): the 16-bit backward's last kernel when the caller
 // asks for dq so (BwdParams::dq_out), in place of a separate copy by the caller. f (launch_dq_finish's
 // `scale`): 1, or the softmax scale where the backward left it out of dq_accum (the Hopper fp16 80-row
-// steps, hopper::bwd_dq_unscaled). T = float: dq_accum scaled in place (dq_out = dq_accum), for a caller
-// that keeps the float32 accumulator.
+// steps, hopper::bwd_dq_unscaled).
 //
 //   dq_accum, dq_out (B, H, I, D) contiguous. The query heads of kv head hkv of batch b,
 //   hkv g .. hkv g + g - 1 (g = H / Hkv), are one contiguous range of R = g I D elements: range
@@ -29,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "attention/common/cuda/device_attribute.h"
 #include "attention/common/cuda/mma.cuh"  // pack2
@@ -72,14 +70,10 @@ __global__ void __launch_bounds__(kDqFinishThreads) dq_finish_kernel(const BwdPa
     for (int j = 0; j < kDqFinishVecs; ++j) {
       const int64_t e = e0 + int64_t(j) * 4 * kDqFinishThreads;
       if (e < end) {
-        if constexpr (std::is_same_v<T, float>) {
-          *reinterpret_cast<float4*>(out + e) = make_float4(f * v[j].x, f * v[j].y, f * v[j].z, f * v[j].w);
-        } else {
-          uint2 w;
-          w.x = pack2<T>(f * v[j].x, f * v[j].y);
-          w.y = pack2<T>(f * v[j].z, f * v[j].w);
-          *reinterpret_cast<uint2*>(out + e) = w;
-        }
+        uint2 w;
+        w.x = pack2<T>(f * v[j].x, f * v[j].y);
+        w.y = pack2<T>(f * v[j].z, f * v[j].w);
+        *reinterpret_cast<uint2*>(out + e) = w;
       }
     }
   }

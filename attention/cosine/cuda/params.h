@@ -82,13 +82,13 @@ struct BwdParams : CommonParams {
 
   // dq: the 16-bit kernels add into dq_accum (B, H, I, D) float, contiguous, zeroed by the
   // caller, multiplied by scale once the launcher returns (the Hopper fp16 80-row backward leaves the
-  // scale to dq_out's conversion, or without dq_out to the caller through dq_scale_left, else to a
-  // pass in place: hopper::bwd_dq_unscaled); the fp32/fp64 kernels write dq directly.
+  // scale to dq_out's conversion, or without dq_out to the caller through dq_scale_left:
+  // hopper::bwd_dq_unscaled); the fp32/fp64 kernels write dq directly.
   void* dq_accum = nullptr;
-  // Without dq_out, host memory or nullptr: where the launcher left the softmax scale out of dq_accum
-  // it writes that scale here, for the caller to apply as it reads dq_accum (the packed QKV path's
-  // l2norm backward), instead of a pass in place; elsewhere it leaves the value alone (the caller sets
-  // 1 first). No kernel reads it.
+  // Host memory, needed by the 16-bit kernels without dq_out (else cudaErrorInvalidValue where the
+  // kernel would leave the scale out): where the launcher left the softmax scale out of dq_accum it
+  // writes that scale here, for the caller to apply as it reads dq_accum (the packed QKV path's
+  // l2norm backward); elsewhere it leaves the value alone (the caller sets 1 first). No kernel reads it.
   float* dq_scale_left = nullptr;
   void* dq = nullptr;  // (B, H, I, D) contiguous, fp32/fp64 kernels only
   // The 16-bit kernels' dq, or nullptr (the caller converts dq_accum itself): (B, H, I, D)

@@ -109,6 +109,10 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
   } else {
     constexpr DType kDType = std::is_same_v<T, __half> ? DType::kHalf : DType::kBFloat16;
     using Tile = hopper::BwdWsTile<D, BM, kTmaDq>;
+    // Whether the kernel leaves the softmax scale out of dq_accum (for dq's conversion, or without
+    // dq_out for the caller, through dq_scale_left, to apply).
+    constexpr bool kUnscaled = hopper::bwd_dq_unscaled<T, Tile::kDqT>();
+    if (kUnscaled && p.dq_out == nullptr && p.dq_scale_left == nullptr) return cudaErrorInvalidValue;
     hopper::BwdTmaMaps maps;
     // The maps have the head dim p.D (<= D): columns past it load as zeros.
     if (p.D > D) return cudaErrorNotSupported;
@@ -214,18 +218,11 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     }
 #endif
     if (run != cudaSuccess) return run;
-    // The scale the kernel left out of dq_accum, for dq's conversion to apply (1 where it is in).
-    constexpr bool kUnscaled = hopper::bwd_dq_unscaled<T, Tile::kDqT>();
+    // The scale the kernel left out of dq_accum (1 where it is in).
     const float dq_scale = kUnscaled ? p.scale : 1.f;
-    if (p.dq_out == nullptr) {  // the caller keeps dq_accum: the scale left to it, or applied in place
-      if (!kUnscaled) return cudaSuccess;
-      if (p.dq_scale_left != nullptr) {
-        *p.dq_scale_left = dq_scale;
-        return cudaSuccess;
-      }
-      BwdParams in_place = banded;
-      in_place.dq_out = in_place.dq_accum;
-      return launch_dq_finish<float>(in_place, 0, stream, dq_scale);
+    if (p.dq_out == nullptr) {  // the caller keeps dq_accum
+      if (kUnscaled) *p.dq_scale_left = dq_scale;
+      return cudaSuccess;
     }
     // A whole block counts split_pieces per dQ warp, a piece 1 (bwd_dq_reduce).
     return launch_dq_finish<T>(banded, counted ? int(2 * key_blocks * banded.split_pieces) : 0, stream, dq_scale);

@@ -33,8 +33,7 @@ constexpr bool bwd_folds_scale() {
 // Whether the kernel stages dQ without the softmax scale, leaving it to dq_out's conversion
 // (launch_dq_finish's `scale`): where dS is unscaled (!bwd_folds_scale, fp16) in 80-row steps (kDqT),
 // so that stage_dq_transposed takes no multiply (40 a thread and step). Where the caller keeps
-// dq_accum (no dq_out), the launcher hands the scale to it (BwdParams::dq_scale_left) or, if it did not
-// ask, scales dq_accum in place after the kernel (launch_dq_finish<float>).
+// dq_accum (no dq_out), the launcher hands the scale to it (BwdParams::dq_scale_left).
 template <typename T, bool kDqT>
 constexpr bool bwd_dq_unscaled() {
   return kDqT && !bwd_folds_scale<T>();
