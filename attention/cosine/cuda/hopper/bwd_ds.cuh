@@ -5,20 +5,40 @@
 // Two ways, by what the caller's instance allows:
 //   ds_fp32     unpack P to fp32 and multiply, in place in rdP (which kBias's dbias reads before the
 //               caller packs it, rounding once, with acc_to_frag);
-//   ds_paired   bf16 (kPairDs): dP s - D_i rounded to bf16, times the packed P by one bf16x2 multiply
-//               per pair (two roundings, no unpacking; bf16 has fp32's range, nothing can overflow).
-// fp16 keeps ds_fp32: dP - D_i rounded to fp16 can overflow (|dP - D_i| > 65504) where P (dP - D_i)
-// does not. The paired product with an overflow check and a fallback to ds_fp32 per thread was tried
-// and not kept (no faster: docs/kernels-tried.md, "Versions tried" 21); the test
-// FusedAttentionMisc.Fp16BackwardLargeDpMinusD holds the range.
+//   ds_paired   dP s - D_i rounded to T, times the packed P by one bf16x2 / f16x2 multiply per pair (two
+//               roundings, no unpacking: 4 instructions a pair against ds_fp32's 7).
+// bf16 pairs: it has fp32's range, nothing can overflow. fp16 pairs (the plain instances, not the exp
+// kind: bwd_p_shift) with a fixed exponent shift, since dP - D_i rounded to fp16 can overflow (|dP -
+// D_i| > 65504) where P (dP - D_i) does not: P is carried as P 2^kFp16PShift (the producer adds the
+// shift to c_i; P <= 1 without the exp kind, so P 2^6 <= 64) and dP s - D_i as (dP - D_i) 2^-kFp16PShift
+// (s = 2^-6, D_i scaled by the producer), whose product is P (dP - D_i) again; dV, which sums the shifted
+// P, is scaled back as it is stored. Range: |dP - D_i| up to 65504 2^6 (4.2e6) instead of |P (dP - D_i)|
+// up to 65504; FusedAttentionMisc.Fp16BackwardLargeDpMinusD (dP - D_i up to 2.7e5) holds it. Below
+// |dP - D_i| = 2^-14 2^6 (0.0039) the shifted value is subnormal in fp16 (an absolute error up to 2^-19
+// there); the shifted P, on the other hand, stays normal down to P = 2^-20 (ds_fp32's P: 2^-14).
+// The paired fp16 product with an overflow check and a fallback to ds_fp32 per thread (no shift) was
+// tried and not kept (no faster: docs/kernels-tried.md, "Versions tried" 21).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/common/cuda/mma.cuh"  // pack2, unpack2
 #include "attention/cosine/cuda/hopper/common.cuh"
 
 namespace flashcos::cuda::hopper {
+
+inline constexpr int kFp16PShift = 6;
+
+// The exponent shift of the 16-bit P in an instance that forms dS by pairs (kPairDs): kFp16PShift for
+// fp16, 0 for bf16 (and where dS is formed in fp32).
+template <typename T>
+constexpr int bwd_p_shift(bool pair_ds) {
+  return pair_ds && std::is_same_v<T, __half> ? kFp16PShift : 0;
+}
 
 // In place: rdP[i] = P_i (rdP[i] s - D_i) in fp32.
 template <typename T, int N>
@@ -31,8 +51,8 @@ __device__ __forceinline__ void ds_fp32(float (&rdP)[N], const uint32_t (&rPf)[N
   }
 }
 
-// bf16: word j of k-step kk is elements i = 8 kk + 2 j, i + 1 (rows i / 4 pairs).
-template <int N>
+// Word j of k-step kk is elements i = 8 kk + 2 j, i + 1 (rows i / 4 pairs).
+template <typename T, int N>
 __device__ __forceinline__ void ds_paired(uint32_t (&rdSf)[N / 8][4], const float (&rdP)[N],
                                           const uint32_t (&rPf)[N / 8][4], const float (&rD)[N / 2], float ds_scale) {
 #pragma unroll
@@ -40,9 +60,13 @@ __device__ __forceinline__ void ds_paired(uint32_t (&rdSf)[N / 8][4], const floa
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int i = 8 * kk + 2 * j;
-      rdSf[kk][j] = mul_bf16x2(pack2<__nv_bfloat16>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]),
-                                                     fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1])),
-                               rPf[kk][j]);
+      const uint32_t x =
+          pack2<T>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]), fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1]));
+      if constexpr (std::is_same_v<T, __half>) {
+        rdSf[kk][j] = mul_f16x2(x, rPf[kk][j]);
+      } else {
+        rdSf[kk][j] = mul_bf16x2(x, rPf[kk][j]);
+      }
     }
 }
 

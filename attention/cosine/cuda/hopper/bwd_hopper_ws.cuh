@@ -15,9 +15,10 @@
 //                                        with any); dV += P^T dO issued at once (A from registers,
 //                                        B = dO N-major)
 //   dS^T = P^T (dP^T - D_i)             (bf16: scale P^T (dP^T - D_i), so dQ / dK need no multiply)
-//                                        from the 16-bit P that dV uses (unpacked from its
-//                                        fragments: the fp32 P dies once packed, which is what lets
-//                                        the consumers fit 240 registers), to shared memory
+//                                        from the 16-bit P that dV uses (by pairs, or unpacked from
+//                                        its fragments: the fp32 P dies once packed, which is what
+//                                        lets the consumers fit 240 registers; fp16 pairs carry P
+//                                        2^6, bwd_ds.cuh), to shared memory
 //                                        (swizzled, buffer it % 2); dK += dS^T Q (B = Q N-major)
 //   dQ(it - 1) = dS(it - 1) K            wgmma, A = dS (M-major, the dS^T tile), B = K N-major;
 //                                        128-row steps: rows 64c .. 64c + 63 of the tile, 64-row
@@ -74,9 +75,12 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr bool kRowStores = kDqT;
   constexpr bool kFoldScale = bwd_folds_scale<T>();  // bf16: the scale in dS (bwd_stores.cuh)
   constexpr bool kDqUnscaled = bwd_dq_unscaled<T, kDqT>();  // dQ without the scale (bwd_stores.cuh)
-  // kPairDs: dS from one bf16x2 multiply per pair (bwd_ds.cuh); bf16 only, where rounding dP - D_i to T
-  // cannot overflow (fp16's dP - D_i may pass 65504 where P (dP - D_i) does not).
-  constexpr bool kPairDs = kFoldScale && !kBias && !kDsFp32;
+  // kPairDs: dS from one bf16x2 / f16x2 multiply per pair (bwd_ds.cuh); fp16 in the plain instances only
+  // (the deterministic ones, kDet / kFixed, keep the fp32 product), with P carried as P 2^kPShift and D_i
+  // as D_i 2^-kPShift (the producer shifts both; the launcher sends the exp kind, whose P is not <= 1, to
+  // the kDsFp32 instance).
+  constexpr bool kPairDs = !kBias && !kDsFp32 && (kFoldScale || (!kDet && !kFixed));
+  constexpr int kPShift = bwd_p_shift<T>(kPairDs);
   // The split tail (split_tail.h): the plain instance only.
   constexpr bool kMaySplit = kTmaDq && !kDet && !kBias && !kFixed;
   // kPersist: a persistent grid (the plain instance; every addition for it below sits behind
@@ -189,11 +193,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       }
     } else if (warp == 0) {
       if constexpr (kPersist) {
-        bwd_load_items<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
-                                            bar_empty, lane, queue, items, item_at);
+        bwd_load_items<Tile, D, kFoldScale, kPShift>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty,
+                                                     bar_full, bar_empty, lane, queue, items, item_at);
       } else {
-        bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
-                                      bar_empty, lane, n0, hkv, b, n_steps, steps, 0, 0);
+        bwd_load<Tile, D, kFoldScale, kPShift>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
+                                               bar_empty, lane, n0, hkv, b, n_steps, steps, 0, 0);
       }
     }
     return;
@@ -241,7 +245,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // kFoldScale: dS carries the scale (dS' = scale dS, D_i scaled by the producer), so dQ = dS' K and
   // dK = dS'^T Q need no multiply; otherwise it is applied where dQ and dK are written (kDqUnscaled:
   // dQ's by dq_out's conversion).
-  const float ds_scale = kFoldScale ? p.scale : 1.f, dk_scale = kFoldScale ? 1.f : p.scale;
+  // kPShift: dS from P 2^kPShift and (dP - D_i) 2^-kPShift (bwd_ds.cuh); dV, summed from the shifted P,
+  // scaled back as it is stored.
+  const float ds_scale = kFoldScale ? p.scale : 1.f / float(1 << kPShift), dk_scale = kFoldScale ? 1.f : p.scale;
+  const float dv_scale = 1.f / float(1 << kPShift);
   const float dq_scale = kFoldScale || kDqUnscaled ? 1.f : p.scale;
 
   float rdK[D / 2], rdV[D / 2], rdQ[Tile::kDqRegs];
@@ -520,11 +527,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
     fence_regs(rdP);
     if (it == 0 && c == 0) named_bar_arrive<1, kConsumerThreads>();
     // dS^T from the 16-bit P that dV uses (rS is dead once packed: its registers are what the
-    // 240-register consumers lack), straight into dS's A fragments: bwd_ds.cuh. kPairDs: one bf16x2
-    // multiply per pair; otherwise (fp16, kBias, whose dbias wants dS in fp32, and kDsFp32) the
-    // product in fp32, rounded once.
+    // 240-register consumers lack), straight into dS's A fragments: bwd_ds.cuh. kPairDs: one bf16x2 /
+    // f16x2 multiply per pair; otherwise (kBias, whose dbias wants dS in fp32, fp16's deterministic
+    // instances and kDsFp32) the product in fp32, rounded once.
     if constexpr (kPairDs) {
-      ds_paired<kBM / 2>(rdSf, rdP, rPf, rD, ds_scale);
+      ds_paired<T, kBM / 2>(rdSf, rdP, rPf, rD, ds_scale);
     } else {
       ds_fp32<T, kBM / 2>(rdP, rPf, rD, ds_scale);
     }
@@ -639,9 +646,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       if (glast >= 1) mbar_wait(bar_ds_empty + ((glast - 1) & 1), ((glast - 1) >> 1) & 1);
     }
     const uint32_t region[2] = {adS + uint32_t(c * kBM * kSw128Row), adS + uint32_t(Tile::kSBytes + c * kBM * kSw128Row)};
-    store_dk_dv_rows<T, D>(p, rdK, rdV, dk_scale, b, hkv, n0 + c * 64, region, 2 + c, warp, lane, tid % 128);
+    store_dk_dv_rows<T, D>(p, rdK, rdV, dk_scale, dv_scale, b, hkv, n0 + c * 64, region, 2 + c, warp, lane,
+                           tid % 128);
   } else {
-    store_dk_dv<T, D>(p, rdK, rdV, dk_scale, b, hkv, n0 + key_local0, t);
+    store_dk_dv<T, D>(p, rdK, rdV, dk_scale, dv_scale, b, hkv, n0 + key_local0, t);
   }
   FLASHCOS_BWD_MARK(kMarkStored);
   };

@@ -240,11 +240,12 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
 }
 
 // Warp 0, for one item (bwd_item) of the CTA's: its K, V, then each step's row stats and Q, dO
-// (kFoldScale: D_i times the scale, as the bf16 consumers use it). `done`: the CTA's steps in its
+// (kFoldScale: D_i times the scale, as the bf16 consumers use it; kPShift: fp16's paired dS, c_i + kPShift and
+// D_i 2^-kPShift, bwd_ds.cuh). `done`: the CTA's steps in its
 // earlier items (the stages and their phases count on); `item`: their count. A later item's K, V
 // wait for the consumers to be done with the last (bar_kv_empty), after the item's first stages,
 // which go in while the last item's steps finish.
-template <typename Tile, int D, bool kFoldScale>
+template <typename Tile, int D, bool kFoldScale, int kPShift>
 __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams& p, unsigned char* sK,
                                          unsigned char* sV, unsigned char* sQ, unsigned char* sdO, float* sRowC,
                                          float* sDelta, uint64_t* bar_kv, uint64_t* bar_kv_empty,
@@ -273,7 +274,8 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
   if (kv_at == 0) load_kv();
   const float* gRowC = static_cast<const float*>(p.row_offset);
   const float* gDelta = static_cast<const float*>(p.delta);
-  const float delta_scale = kFoldScale ? p.scale : 1.f;  // D_i as the consumers use it
+  // c_i and D_i as the consumers use them
+  const float delta_scale = kFoldScale ? p.scale : 1.f / float(1 << kPShift);
   for (int it = 0; it < n_iters; ++it) {
     if (kv_at > 0 && it == kv_at) load_kv();
     const int gi = done + it, s = gi % kStages, h = steps.h(it), m0 = steps.m0(it);
@@ -282,7 +284,7 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
     for (int i = 0; i < kStatsPerLane; ++i) {
       const int r = m0 + lane + 32 * i;
       const int64_t row = (int64_t(b) * H + h) * I + r;
-      rc[i] = r < I ? gRowC[row] : -INFINITY;
+      rc[i] = r < I ? (kPShift != 0 ? gRowC[row] + float(kPShift) : gRowC[row]) : -INFINITY;
       rd[i] = r < I ? gDelta[row] * delta_scale : 0.f;
     }
     if (gi >= kStages) mbar_wait(bar_empty + s, ((gi / kStages) - 1) & 1);
@@ -328,7 +330,7 @@ __device__ __forceinline__ void bwd_dq_reduce_items(const BwdTmaMaps& maps, cons
     if (int64_t(w) >= items) break;
   }
 }
-template <typename Tile, int D, bool kFoldScale, typename ItemAt>
+template <typename Tile, int D, bool kFoldScale, int kPShift, typename ItemAt>
 __device__ __forceinline__ void bwd_load_items(const BwdTmaMaps& maps, const BwdParams& p, unsigned char* sK,
                                                unsigned char* sV, unsigned char* sQ, unsigned char* sdO,
                                                float* sRowC, float* sDelta, uint64_t* bar_kv, uint64_t* bar_kv_empty,
@@ -338,8 +340,8 @@ __device__ __forceinline__ void bwd_load_items(const BwdTmaMaps& maps, const Bwd
   unsigned w = blockIdx.x;
   for (int item = 0;; ++item) {
     const BwdItem x = item_at(w);
-    bwd_load<Tile, D, kFoldScale>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full, bar_empty,
-                                  lane, x.n0, x.hkv, x.b, x.n_steps, x.order.steps, done, item);
+    bwd_load<Tile, D, kFoldScale, kPShift>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
+                                           bar_empty, lane, x.n0, x.hkv, x.b, x.n_steps, x.order.steps, done, item);
     done += x.n_steps;
     w = __shfl_sync(0xffffffffu, lane == 0 ? queue.publish(p.item_counter, item) : 0u, 0);
     if (int64_t(w) >= items) break;

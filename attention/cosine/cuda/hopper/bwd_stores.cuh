@@ -87,11 +87,11 @@ __device__ __forceinline__ void stage_dq_transposed(unsigned char* tile, const f
   }
 }
 
-// dK (times dk_scale) and dV of this thread's two keys, col0 and col0 + 8 (accumulator rows g, g + 8
-// of the warp's 16), to T; keys past J and columns past a head dim below D (padding) not stored.
+// dK (times dk_scale) and dV (times dv_scale) of this thread's two keys, col0 and col0 + 8 (accumulator
+// rows g, g + 8 of the warp's 16), to T; keys past J and columns past a head dim below D (padding) not stored.
 template <typename T, int D>
 __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rdK)[D / 2], const float (&rdV)[D / 2],
-                                            float dk_scale, int b, int hkv, int col0, int t) {
+                                            float dk_scale, float dv_scale, int b, int hkv, int col0, int t) {
 #pragma unroll
   for (int e0 = 0; e0 < 2; ++e0) {
     const int col = col0 + 8 * e0;
@@ -104,7 +104,8 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
       if (dt * 8 >= store_cols) break;
       *reinterpret_cast<uint32_t*>(gdK + dt * 8 + 2 * t) =
           pack2<T>(rdK[4 * dt + 2 * e0] * dk_scale, rdK[4 * dt + 2 * e0 + 1] * dk_scale);
-      *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) = pack2<T>(rdV[4 * dt + 2 * e0], rdV[4 * dt + 2 * e0 + 1]);
+      *reinterpret_cast<uint32_t*>(gdV + dt * 8 + 2 * t) =
+          pack2<T>(rdV[4 * dt + 2 * e0] * dv_scale, rdV[4 * dt + 2 * e0 + 1] * dv_scale);
     }
   }
 }
@@ -121,16 +122,16 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (&rd
 // (BwdParams::dk: cuda_ops.cpp allocates dk and checks a caller's dv_out).
 template <typename T, int D>
 __device__ __forceinline__ void store_dk_dv_rows(const BwdParams& p, const float (&rdK)[D / 2],
-                                                 const float (&rdV)[D / 2], float dk_scale, int b, int hkv, int key0,
-                                                 const uint32_t (&region)[2], int bar, int warp, int lane,
-                                                 int ctid) {
+                                                 const float (&rdV)[D / 2], float dk_scale, float dv_scale, int b,
+                                                 int hkv, int key0, const uint32_t (&region)[2], int bar,
+                                                 int warp, int lane, int ctid) {
   static_assert(D == 128, "two 64-column halves");
   const uint32_t row_x = uint32_t(16 * warp + 8 * ((lane / 8) % 2) + lane % 8) * 128;  // this lane's stmatrix row
   const int r_out = ctid / 8, j_out = ctid % 8;  // its first 16-byte chunk out (rows r_out + 16 i)
 #pragma unroll
   for (int kv = 0; kv < 2; ++kv) {
     const float(&acc)[D / 2] = kv == 0 ? rdK : rdV;
-    const float sc = kv == 0 ? dk_scale : 1.f;
+    const float sc = kv == 0 ? dk_scale : dv_scale;
 #pragma unroll
     for (int dt0 = 0; dt0 < D / 8; dt0 += 2) {
       // Matrices (rows 0-7 / 8-15 of the warp's 16 keys) x (column groups dt0, dt0 + 1).
