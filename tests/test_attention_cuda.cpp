@@ -362,8 +362,8 @@ TEST_F(FusedAttentionMisc, BackwardPersistentGridMatchesFloat64) {
 // fp16 backward where dP - D_i passes fp16's 65504 while dS = P (dP - D_i) does not: the last 6
 // rows of dO scaled by 6000 (|dP| up to ~6000 sqrt(D) 4), the rest as usual; the last rows, so that
 // a causal row sees ~300 keys and P stays ~1/300 (row 1 sees 2 keys: P ~ 1/2, dS itself past 65504).
-// The Hopper kernels form fp16's dS in fp32 from dP - D_i (hopper/bwd_ds.cuh): dP - D_i rounded to
-// fp16 first would make dS, dq, dk inf / NaN here. The backward is linear in dO, so the errors
+// The Hopper kernels form fp16's dS from (dP - D_i) 2^-6 rounded to fp16 (range 4.2e6) or in fp32
+// (hopper/bwd_ds.cuh): dP - D_i rounded to fp16 unshifted would make dS, dq, dk inf / NaN here. The backward is linear in dO, so the errors
 // against float64 must stay those of the same inputs with unscaled dO (2x + eps / 4), at d 64 and
 // 128, with and without a causal mask, and with a key mask (P = 0 next to a large dP - D_i).
 TEST_F(FusedAttentionMisc, Fp16BackwardLargeDpMinusD) {
@@ -395,6 +395,39 @@ TEST_F(FusedAttentionMisc, Fp16BackwardLargeDpMinusD) {
     EXPECT_LE(e.dq, 2 * e_base.dq + floor) << c.name << " dq";
     EXPECT_LE(e.dk, 2 * e_base.dk + floor) << c.name << " dk";
     EXPECT_LE(e.dv, 2 * e_base.dv + floor) << c.name << " dv";
+  }
+}
+
+// fp16's exp kind where the backward's P passes 2^10: P = exp(scale q.k) with unit rows and k = q, so
+// every row's own key has q.k = 1 and P = e^7.5 (1,808). The plain instances carry the 16-bit P as
+// P 2^6 for their paired dS product (hopper/bwd_ds.cuh), which would overflow fp16 there (115,700 >
+// 65504) and make dv inf: the launcher sends the exp kind to the fp32 product. dO is scaled by 0.05 so
+// that dS = P dP and the gradients stay well inside fp16 too. Against float64: finite, and each
+// relative error under 1e-2 (the fused fp16 kernels' errors in the grid are ~5e-4), at d 64 and 128,
+// causal and not.
+TEST_F(FusedAttentionMisc, Fp16ExpKindBackwardLargeP) {
+  const std::vector<Case> cases = {C("d64_exp_large_p", 1, 2, 2, 200, 200, 64).exp_kind().scale(7.5),
+                                   C("d128_exp_large_p_causal", 1, 2, 2, 200, 200, 128).exp_kind().scale(7.5).causal()};
+  for (const Case& c : cases) {
+    at::manual_seed(int64_t(name_seed(c.name)));
+    Inputs in = make_inputs(c);
+    in.q = in.q / in.q.norm(2, -1, true);
+    in.k = in.q.clone();
+    in.dout = in.dout * 0.05;
+    in = rounded(in, at::kHalf);
+    const double qk_max = at::matmul(in.q, in.k.transpose(-1, -2)).max().item<double>();
+    ASSERT_GT(std::exp(c.scale * qk_max) * 64, 65504.0) << c.name << ": P 2^6 stays inside fp16's range";
+    const Outputs ref = run_api(c, in, /*fused=*/false, at::kDouble);
+    const Outputs run = run_api(c, in, /*fused=*/true, at::kHalf);
+    for (const at::Tensor* t : {&run.o, &run.dq, &run.dk, &run.dv})
+      EXPECT_TRUE(at::isfinite(*t).all().item<bool>()) << c.name << ": NaN / inf in a result";
+    const Errors e = errors_vs(run, ref, c.scale);
+    std::printf("[ errors   ] %-24s fp16 exp kind (max P %.4g): o %.2e dq %.2e dk %.2e dv %.2e\n", c.name.c_str(),
+                std::exp(c.scale * qk_max), e.o, e.dq, e.dk, e.dv);
+    EXPECT_LE(e.o, 1e-2) << c.name << " o";
+    EXPECT_LE(e.dq, 1e-2) << c.name << " dq";
+    EXPECT_LE(e.dk, 1e-2) << c.name << " dk";
+    EXPECT_LE(e.dv, 1e-2) << c.name << " dv";
   }
 }
 
