@@ -40,6 +40,13 @@ constexpr int bwd_p_shift(bool pair_ds) {
   return pair_ds && std::is_same_v<T, __half> ? kFp16PShift : 0;
 }
 
+// s of dS = P (dP s - D_i) as both sides use it: the consumers multiply dP by it, the producer stores
+// D_i times it. The softmax scale where bf16 folds it into dS (fold_scale), else 2^-p_shift (1 but for
+// fp16's shifted pairs).
+__host__ __device__ constexpr float bwd_ds_scale(bool fold_scale, int p_shift, float softmax_scale) {
+  return fold_scale ? softmax_scale : 1.f / float(1 << p_shift);
+}
+
 // In place: rdP[i] = P_i (rdP[i] s - D_i) in fp32.
 template <typename T, int N>
 __device__ __forceinline__ void ds_fp32(float (&rdP)[N], const uint32_t (&rPf)[N / 8][4], const float (&rD)[N / 2],

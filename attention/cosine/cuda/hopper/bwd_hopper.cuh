@@ -42,8 +42,8 @@ inline const hopper::BwdOrderKnobs& hopper_bwd_order_knobs() {
 // FLASHCOS_HOPPER_BWD_DS_FP32=1 (read once): the plain kernel, in 80-row steps at d 128 too, with
 // dS = P (dP - D_i) in fp32, rounded once, as before the paired product (kPairDs in bwd_hopper_ws.cuh,
 // bwd_ds.cuh; a comparison variant, on a grid of a CTA an item). fp16's exp kind always forms dS so: its
-// P is not <= 1, so the paired product's shifted P could overflow (in the other kinds of FLASHCOS_HOPPER_BWD,
-// which have no such instance, it is not supported: the caller runs the sm_80 kernels).
+// P is not <= 1, so the paired product's shifted P could overflow (FLASHCOS_HOPPER_BWD=ws-atomic's fp16
+// instances form every dS so: bwd_hopper_ws.cuh, kPairDs).
 inline bool hopper_bwd_ds_fp32() {
   static const bool on = env_count("FLASHCOS_HOPPER_BWD_DS_FP32", 0) > 0;
   return on;
@@ -118,9 +118,6 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     hopper::BwdTmaMaps maps;
     // The maps have the head dim p.D (<= D): columns past it load as zeros.
     if (p.D > D) return cudaErrorNotSupported;
-    if constexpr (std::is_same_v<T, __half> && !(kTmaDq && kDetAhead)) {  // fp16's exp kind: hopper_bwd_ds_fp32
-      if (p.exp_kind && p.dq_semaphore == nullptr && p.bias == nullptr) return cudaErrorNotSupported;
-    }
     // Deterministic with p.dq_grid: the kFixed instance (dQ rounded to each row's grid, whose sums
     // do not depend on the order of the adds) in the plain kernel's order. Not for
     // FLASHCOS_HOPPER_BWD=ws-det-serial (!kDetAhead), a comparison variant of the ordered adds.
@@ -187,7 +184,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
         }
       }
     }
-    if constexpr (kTmaDq && kDetAhead) {  // any step size
+    if constexpr (kTmaDq) {  // any step size
       const bool fp32_ds = hopper_bwd_ds_fp32() || (std::is_same_v<T, __half> && p.exp_kind);
       if (fp32_ds && !det && !fixed && p.bias == nullptr) {
         kernel = hopper::bwd_hopper_ws_kernel<T, D, BM, false, true, false, false, false, true>;

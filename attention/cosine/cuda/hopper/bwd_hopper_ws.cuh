@@ -75,11 +75,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   constexpr bool kRowStores = kDqT;
   constexpr bool kFoldScale = bwd_folds_scale<T>();  // bf16: the scale in dS (bwd_stores.cuh)
   constexpr bool kDqUnscaled = bwd_dq_unscaled<T, kDqT>();  // dQ without the scale (bwd_stores.cuh)
-  // kPairDs: dS from one bf16x2 / f16x2 multiply per pair (bwd_ds.cuh); fp16 in the plain instances only
-  // (the deterministic ones, kDet / kFixed, keep the fp32 product), with P carried as P 2^kPShift and D_i
-  // as D_i 2^-kPShift (the producer shifts both; the launcher sends the exp kind, whose P is not <= 1, to
-  // the kDsFp32 instance).
-  constexpr bool kPairDs = !kBias && !kDsFp32 && (kFoldScale || (!kDet && !kFixed));
+  // kPairDs: dS from one bf16x2 / f16x2 multiply per pair (bwd_ds.cuh); fp16 in the plain instances with
+  // TMA dQ only (the deterministic ones and the atomic kind keep the fp32 product), with P carried as
+  // P 2^kPShift and D_i as D_i 2^-kPShift (the producer shifts both; the launcher sends the exp kind,
+  // whose P is not <= 1, to the kDsFp32 instance).
+  constexpr bool kPairDs = !kBias && !kDsFp32 && (kFoldScale || (kTmaDq && !kDet && !kFixed));
   constexpr int kPShift = bwd_p_shift<T>(kPairDs);
   // The split tail (split_tail.h): the plain instance only.
   constexpr bool kMaySplit = kTmaDq && !kDet && !kBias && !kFixed;
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // dQ's by dq_out's conversion).
   // kPShift: dS from P 2^kPShift and (dP - D_i) 2^-kPShift (bwd_ds.cuh); dV, summed from the shifted P,
   // scaled back as it is stored.
-  const float ds_scale = kFoldScale ? p.scale : 1.f / float(1 << kPShift), dk_scale = kFoldScale ? 1.f : p.scale;
+  const float ds_scale = bwd_ds_scale(kFoldScale, kPShift, p.scale), dk_scale = kFoldScale ? 1.f : p.scale;
   const float dv_scale = 1.f / float(1 << kPShift);
   const float dq_scale = kFoldScale || kDqUnscaled ? 1.f : p.scale;
 

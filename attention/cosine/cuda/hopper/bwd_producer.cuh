@@ -49,6 +49,7 @@
 #include <cuda.h>
 
 #include "attention/cosine/cuda/dq_semaphore.cuh"
+#include "attention/cosine/cuda/hopper/bwd_ds.cuh"
 #include "attention/cosine/cuda/hopper/bwd_order.h"
 #include "attention/cosine/cuda/hopper/common.cuh"
 #include "attention/cosine/cuda/hopper/tma.cuh"
@@ -274,8 +275,7 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
   if (kv_at == 0) load_kv();
   const float* gRowC = static_cast<const float*>(p.row_offset);
   const float* gDelta = static_cast<const float*>(p.delta);
-  // c_i and D_i as the consumers use them
-  const float delta_scale = kFoldScale ? p.scale : 1.f / float(1 << kPShift);
+  const float delta_scale = bwd_ds_scale(kFoldScale, kPShift, p.scale);  // D_i as the consumers use it
   for (int it = 0; it < n_iters; ++it) {
     if (kv_at > 0 && it == kv_at) load_kv();
     const int gi = done + it, s = gi % kStages, h = steps.h(it), m0 = steps.m0(it);
