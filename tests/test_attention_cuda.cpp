@@ -334,9 +334,10 @@ INSTANTIATE_TEST_SUITE_P(Cuda, FusedAttention, ::testing::ValuesIn(all_params())
 // one CTA an SM once there are more items than SMs (here 33 key blocks x 8 (b, kv head)s = 264, with
 // GQA 132 x 2 query heads), each CTA taking its next key block from a counter as it comes free, its
 // barriers' phases and dS buffers counting on over its blocks. Against float64 as the grid (2x the
-// plain ops' error + eps / 4), with a key mask, bf16 and fp16, d 64 and 128. (The grid's small cases,
-// with and without a causal mask and split-tail pieces, run on 3 CTAs in scripts/gpu_check.sh
-// bwdkinds: FLASHCOS_HOPPER_BWD_PERSISTENT=3.)
+// plain ops' error + eps / 4), with a key mask, bf16 and fp16, d 64 and 128. fp16 at d 128 has a CTA
+// an item by default (hopper::bwd_persistent_by_default), so its cases here run that grid. (The
+// grid's small cases, with and without a causal mask and split-tail pieces, run on 3 CTAs in
+// scripts/gpu_check.sh bwdkinds: FLASHCOS_HOPPER_BWD_PERSISTENT=3.)
 TEST_F(FusedAttentionMisc, BackwardPersistentGridMatchesFloat64) {
   const std::vector<Case> cases = {C("d64_persistent_causal", 2, 4, 4, 4200, 4200, 64).causal(),
                                    C("d128_persistent_causal", 2, 4, 4, 4200, 4200, 128).causal(),
