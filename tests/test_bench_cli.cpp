@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -135,9 +137,17 @@ TEST(BenchCli, RoundsKeepOneResultPerImplementationAndLength) {
   for (const auto& rec : doc["results"]) {
     EXPECT_EQ(rec["status"], "ok") << rec.dump();
     EXPECT_GT(rec["ms"].get<double>(), 0.0) << rec.dump();
+    // Every round's median, the reported ms the least of them.
+    ASSERT_TRUE(rec.contains("round_ms")) << rec.dump();
+    const std::vector<double> rounds = rec["round_ms"].get<std::vector<double>>();
+    ASSERT_EQ(rounds.size(), 3u) << rec.dump();
+    EXPECT_DOUBLE_EQ(rec["ms"].get<double>(), *std::min_element(rounds.begin(), rounds.end())) << rec.dump();
     seen.insert(rec["impl"].get<std::string>() + "/" + std::to_string(rec["seq_len"].get<int64_t>()));
   }
   EXPECT_EQ(seen, (std::set<std::string>{"plain/1", "plain/63", "tiled/1", "tiled/63"}));
+  // The table's spread column: the slowest round over the fastest, as a percentage.
+  EXPECT_NE(r.output.find("   spread"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("%\n"), std::string::npos) << r.output;
 }
 
 TEST(BenchCli, BiasRunsOursWithItsGradientAndSdpaWithTheMask) {

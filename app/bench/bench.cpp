@@ -187,6 +187,7 @@ int run(const BenchConfig& cfg) {
             // Round r times the implementations in list order (reversed when r is odd); each
             // keeps its fastest round. A failure or a skip is final.
             std::map<std::string, Measurement> skips;
+            std::map<std::string, std::vector<double>> round_ms;  // each round's median, for the spread
             for (const auto& impl : impls) skips[impl.name] = predicted_skip(cfg, impl.name, n, last);
             for (int round = 0; round < cfg.rounds; ++round) {
               for (size_t k = 0; k < impls.size(); ++k) {
@@ -200,6 +201,7 @@ int run(const BenchConfig& cfg) {
                   m = skips[impl.name];
                 } else {
                   m = measure(cfg, impl, pass, in);
+                  if (m.status == "ok") round_ms[impl.name].push_back(m.ms);
                 }
                 if (done == row.by_impl.end() || m.status != "ok" || m.ms < done->second.ms) {
                   row.by_impl[impl.name] = m;
@@ -207,7 +209,8 @@ int run(const BenchConfig& cfg) {
               }
             }
             for (const auto& impl : impls) {
-              const Measurement& m = row.by_impl[impl.name];
+              Measurement& m = row.by_impl[impl.name];
+              if (m.status == "ok") m.round_ms = round_ms[impl.name];
               if (input_failure.status == "ok" && skips[impl.name].status == "ok" &&
                   (m.status == "ok" || m.status == "oom"))
                 last[impl.name] = {n, m};

@@ -186,7 +186,8 @@ cxxopts::Options make_options() {
       ("iters", "timed iterations (the median is reported)", text("30"))
       ("rounds", "time every implementation this many times per configuration, taking turns (the "
                  "order reversed every other round), and report each one's fastest round: evens "
-                 "out clock and temperature drift between implementations", text("1"))
+                 "out clock and temperature drift between implementations (the table's spread: the "
+                 "slowest round over the fastest; the JSON's round_ms: every round)", text("1"))
       ("budget", "seconds per implementation x pass x length; fewer iterations (at least 3) when "
                  "one is slow", text("2"))
       ("device", "cuda | cpu (default cuda when available)", text(""))

@@ -9,6 +9,7 @@
 #define FLASHCOS_BENCH_DEVICE_PROPS 1
 #endif
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -118,16 +119,18 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
       "\n%s, every implementation (median of timed iterations; TFLOP/s = %.1f x "
       "4*B*H*N*N*D%s / time; peak = allocator peak during the pass, inputs included):\n",
       pass_title(pass), pass_flop_factor(pass), cfg.causal ? " / 2" : "");
-  std::printf("  %8s  %-15s %10s %9s %10s %9s\n", "seq_len", "impl", "ms", "TFLOP/s", "peak MiB",
-              ("vs " + cfg.baseline).c_str());
+  // With --rounds > 1, the spread: the slowest round's median over the fastest's, minus 1.
+  const bool spread = cfg.rounds > 1;
+  std::printf("  %8s  %-15s %10s %9s %10s %9s%s\n", "seq_len", "impl", "ms", "TFLOP/s", "peak MiB",
+              ("vs " + cfg.baseline).c_str(), spread ? "   spread" : "");
   std::map<std::string, std::string> reasons;  // "impl: reason" -> first seq_len it appeared at
   for (const auto& row : rows) {
     const auto base_it = row.by_impl.find(cfg.baseline);
     for (const auto& impl : impls) {
       const Measurement& m = row.by_impl.at(impl.name);
       if (m.status != "ok") {
-        std::printf("  %8lld  %-15s %10s %9s %10s %9s\n", static_cast<long long>(row.seq_len),
-                    impl.name.c_str(), m.status.c_str(), "-", "-", "-");
+        std::printf("  %8lld  %-15s %10s %9s %10s %9s%s\n", static_cast<long long>(row.seq_len),
+                    impl.name.c_str(), m.status.c_str(), "-", "-", "-", spread ? "        -" : "");
         reasons.emplace(impl.name + ": " + m.status + ": " + m.reason, std::to_string(row.seq_len));
         continue;
       }
@@ -141,8 +144,17 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
       }
       char rate[32];  // GPU rates read best with one decimal, CPU ones need significant digits
       std::snprintf(rate, sizeof rate, tflops >= 10 ? "%.1f" : "%.3g", tflops);
-      std::printf("  %8lld  %-15s %10.3f %9s %10s %9s\n", static_cast<long long>(row.seq_len),
-                  impl.name.c_str(), m.ms, rate, mib(m.peak_bytes).c_str(), vs.c_str());
+      std::string spread_text;
+      if (spread) {
+        char buf[32] = "        -";
+        if (!m.round_ms.empty() && m.ms > 0) {
+          const double slowest = *std::max_element(m.round_ms.begin(), m.round_ms.end());
+          std::snprintf(buf, sizeof buf, " %7.1f%%", 100.0 * (slowest / m.ms - 1.0));
+        }
+        spread_text = buf;
+      }
+      std::printf("  %8lld  %-15s %10.3f %9s %10s %9s%s\n", static_cast<long long>(row.seq_len),
+                  impl.name.c_str(), m.ms, rate, mib(m.peak_bytes).c_str(), vs.c_str(), spread_text.c_str());
     }
   }
   for (const auto& [reason, seq] : reasons) {
@@ -183,6 +195,7 @@ nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const Dty
     r["ms_min"] = m.ms_min;
     r["ms_mean"] = m.ms_mean;
     r["iters"] = m.iters;
+    r["round_ms"] = m.round_ms;
     r["tflops"] = flops / (m.ms * 1e-3) / 1e12;
   } else {
     r["ms"] = nullptr;

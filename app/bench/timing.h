@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace flashcos::app::bench {
 
@@ -18,6 +19,8 @@ struct Measurement {
   std::string reason;
   double ms = 0, ms_min = 0, ms_mean = 0;
   int iters = 0;
+  // With --rounds: the median of each round that ran, in round order (ms is the least of them).
+  std::vector<double> round_ms;
   int64_t peak_bytes = -1;  // peak allocated by the caching allocator during the pass (CUDA)
   int64_t base_bytes = -1;  // allocated when the pass started (the inputs, mostly)
 };
