@@ -197,7 +197,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     // A persistent grid (the kernel's kPersist) where the plain instance of the default kind runs, on
     // tiles with room for its item queue, given the caller's counter; the others' grid has a CTA an
     // item (the deterministic orders' turns want the blocks of a band resident together, bwd_order.h).
-    [[maybe_unused]] bool persistent = false;  // (FLASHCOS_BWD_TIMELINE stamps that grid)
+    [[maybe_unused]] bool persistent = false;
     if constexpr (kTmaDq && kDetAhead && Tile::kMayPersist) {
       if (kernel == plain && p.item_counter != nullptr) {  // one CTA an SM (no room for a second)
         static_assert(2 * Tile::kSmem > 228 * 1024, "one CTA an SM");
@@ -211,7 +211,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
       }
     }
 #ifdef FLASHCOS_BWD_TIMELINE
-    long long* const stamps = persistent ? hopper::BwdTimeline::get().next(stream) : nullptr;
+    // The plain instance's launches, on either grid (bwd_timeline.cuh).
+    long long* const stamps = persistent || kernel == plain ? hopper::BwdTimeline::get().next(stream) : nullptr;
 #endif
     const cudaError_t run =
         launch_with_smem(kernel, dim3(unsigned(grid)), Tile::kThreads, Tile::kSmem, stream, maps, banded);

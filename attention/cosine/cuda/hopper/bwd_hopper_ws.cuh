@@ -91,6 +91,9 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
 
   // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
   // counts, p.dq_done, and runs on the SMs the last wave leaves idle).
+#ifdef FLASHCOS_BWD_TIMELINE
+  const long long cta_start = clock64();
+#endif
   pdl::allow_next_grid();
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -228,7 +231,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int per_head = rows.per_head;
 #ifdef FLASHCOS_BWD_TIMELINE  // a diagnostic build's stamps (bwd_timeline.cuh); FLASHCOS_BWD_MARK is empty otherwise
   auto mark = [&](int m) {
-    if (kPersist && tid % 128 == 0) bwd_timeline_mark(g_bwd_timeline, item, c, m, int(w), n_steps);
+    constexpr bool kStamped = kPersist || (kMaySplit && !kDsFp32);  // the plain instance, either grid
+    if (kStamped && tid % 128 == 0) bwd_timeline_mark(g_bwd_timeline, item, c, m, int(w), n_steps, cta_start);
   };
 #endif
   FLASHCOS_BWD_MARK(kMarkEnter);

@@ -1,11 +1,14 @@
-// A diagnostic build only (-DFLASHCOS_BWD_TIMELINE=ON, never the default): the persistent Hopper
-// backward (bwd_hopper_ws.cuh, kPersist) stamps each consumer warpgroup's progress through each of
-// its CTA's items with the SM's cycle counter, and its launcher writes one launch's stamps to a text
-// file, to see where the time between an item's steps goes (docs/kernels.md, "Open performance work").
+// A diagnostic build only (-DFLASHCOS_BWD_TIMELINE=ON, never the default): the Hopper backward's
+// plain instance (bwd_hopper_ws.cuh), on the persistent grid (kPersist) or on a grid of a CTA an item,
+// stamps each consumer warpgroup's progress through each of its CTA's items with the SM's cycle
+// counter, and its launcher writes one launch's stamps to a text file, to see where the time between
+// an item's steps goes, and on a grid of a CTA an item the time between one CTA's end and the next
+// one's start on the same SM (docs/kernels.md, "Open performance work").
 //   FLASHCOS_BWD_TIMELINE_FILE    the file (default bwd_timeline.txt), appended to
-//   FLASHCOS_BWD_TIMELINE_LAUNCH  which persistent launch of the process to write (default 10)
+//   FLASHCOS_BWD_TIMELINE_LAUNCH  which stamped launch of the process to write (default 10)
 // A line per (CTA, item, consumer): cta item consumer w n_steps, then the cycle counts of the marks
-// (kMark*) and the global timer (ns) at the item's start.
+// (kMark*), the global timer (ns) at the item's start, the SM's index and the cycle count at the
+// CTA's start (the kernel's first instruction; cycle counts compare within one SM only).
 #pragma once
 
 // A mark in the kernel (its lambda `mark`), nothing in the default build.
@@ -32,11 +35,13 @@ static __device__ long long* g_bwd_timeline;
 // dQ's MMAs completed, its dQ handed to the reduction (the staging tile free), dK / dV stored.
 enum BwdMark { kMarkEnter, kMarkKv, kMarkFirstStep, kMarkLoopEnd, kMarkDqMma, kMarkDqOut, kMarkStored, kMarks };
 constexpr int kTimelineItems = 128;  // items per CTA recorded (later ones dropped)
-constexpr int kTimelineFields = 2 + kMarks + 1;  // w, n_steps, the marks' cycle counts, the global timer at kMarkEnter
+// w, n_steps, the marks' cycle counts, then at kMarkEnter the global timer, the SM and the CTA's start cycle
+constexpr int kTimelineFields = 2 + kMarks + 3;
 constexpr int kTimelineCtas = 1024;
 
-// Thread 0 of consumer c: mark m of the CTA's item `item`.
-__device__ __forceinline__ void bwd_timeline_mark(long long* timeline, int item, int c, int m, int w, int n_steps) {
+// Thread 0 of consumer c: mark m of the CTA's item `item` (cta_start: clock64() at the kernel's start).
+__device__ __forceinline__ void bwd_timeline_mark(long long* timeline, int item, int c, int m, int w, int n_steps,
+                                                  long long cta_start) {
   if (timeline == nullptr || item >= kTimelineItems || blockIdx.x >= kTimelineCtas) return;
   long long* f = timeline + ((int64_t(blockIdx.x) * kTimelineItems + item) * 2 + c) * kTimelineFields;
   f[2 + m] = clock64();
@@ -45,7 +50,11 @@ __device__ __forceinline__ void bwd_timeline_mark(long long* timeline, int item,
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
     f[0] = w;
     f[1] = n_steps;
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     f[2 + kMarks] = static_cast<long long>(ns);
+    f[3 + kMarks] = sm;
+    f[4 + kMarks] = cta_start;
   }
 }
 
@@ -105,7 +114,7 @@ struct BwdTimeline {
           if (r[2 + kMarkEnter] == 0) continue;
           std::fprintf(f, "%d %d %d %lld %lld", cta, it, c, r[0], r[1]);
           for (int m = 0; m < kMarks; ++m) std::fprintf(f, " %lld", r[2 + m]);
-          std::fprintf(f, " %lld\n", r[2 + kMarks]);
+          std::fprintf(f, " %lld %lld %lld\n", r[2 + kMarks], r[3 + kMarks], r[4 + kMarks]);
         }
     std::fclose(f);
   }
