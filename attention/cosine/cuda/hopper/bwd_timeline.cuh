@@ -9,6 +9,7 @@
 // A line per (CTA, item, consumer): cta item consumer w n_steps, then the cycle counts of the marks
 // (kMark*), the global timer (ns) at the item's start, the SM's index and the cycle count at the
 // CTA's start (the kernel's first instruction; cycle counts compare within one SM only).
+// scripts/bwd_timeline.sh summarises such a file (medians per phase and the gaps between CTAs).
 #pragma once
 
 // A mark in the kernel (its lambda `mark`), nothing in the default build.
