@@ -89,11 +89,11 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // loop made the biased instances spill 4x as much, runs AG1-AG3).
   static_assert(!kPersist || (kMaySplit && !kDsFp32 && Tile::kMayPersist), "a persistent grid: the plain instance");
 
+#ifdef FLASHCOS_BWD_TIMELINE
+  const long long cta_start = clock64();  // the CTA's first stamp (bwd_timeline.cuh)
+#endif
   // The launcher's dq_finish_kernel may launch once every CTA has started (it waits for the heads'
   // counts, p.dq_done, and runs on the SMs the last wave leaves idle).
-#ifdef FLASHCOS_BWD_TIMELINE
-  const long long cta_start = clock64();
-#endif
   pdl::allow_next_grid();
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
