@@ -40,11 +40,16 @@ constexpr int bwd_p_shift(bool pair_ds) {
   return pair_ds && std::is_same_v<T, __half> ? kFp16PShift : 0;
 }
 
+// 2^-p_shift: what undoes the shift of P (dV, summed from the shifted P, is stored times it).
+__host__ __device__ constexpr float bwd_p_unshift(int p_shift) {
+  return 1.f / float(1 << p_shift);
+}
+
 // s of dS = P (dP s - D_i) as both sides use it: the consumers multiply dP by it, the producer stores
 // D_i times it. The softmax scale where bf16 folds it into dS (fold_scale), else 2^-p_shift (1 but for
 // fp16's shifted pairs).
 __host__ __device__ constexpr float bwd_ds_scale(bool fold_scale, int p_shift, float softmax_scale) {
-  return fold_scale ? softmax_scale : 1.f / float(1 << p_shift);
+  return fold_scale ? softmax_scale : bwd_p_unshift(p_shift);
 }
 
 // In place: rdP[i] = P_i (rdP[i] s - D_i) in fp32.

@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   const int per_head = rows.per_head;
 #ifdef FLASHCOS_BWD_TIMELINE  // a diagnostic build's stamps (bwd_timeline.cuh); FLASHCOS_BWD_MARK is empty otherwise
   auto mark = [&](int m) {
-    constexpr bool kStamped = kPersist || (kMaySplit && !kDsFp32);  // the plain instance, either grid
+    constexpr bool kStamped = kMaySplit && !kDsFp32;  // the plain instance, either grid (kPersist implies it)
     if (kStamped && tid % 128 == 0) bwd_timeline_mark(g_bwd_timeline, item, c, m, int(w), n_steps, cta_start);
   };
 #endif
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // kPShift: dS from P 2^kPShift and (dP - D_i) 2^-kPShift (bwd_ds.cuh); dV, summed from the shifted P,
   // scaled back as it is stored.
   const float ds_scale = bwd_ds_scale(kFoldScale, kPShift, p.scale), dk_scale = kFoldScale ? 1.f : p.scale;
-  const float dv_scale = 1.f / float(1 << kPShift);
+  const float dv_scale = bwd_p_unshift(kPShift);
   const float dq_scale = kFoldScale || kDqUnscaled ? 1.f : p.scale;
 
   float rdK[D / 2], rdV[D / 2], rdQ[Tile::kDqRegs];
