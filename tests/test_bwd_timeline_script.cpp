@@ -4,6 +4,8 @@
 // between one CTA's last store and the next CTA's start on the same SM, and the clock it infers.
 #include <gtest/gtest.h>
 
+#include "train_process_util.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -21,17 +23,10 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-std::string run_script(const std::string& args) {
-  const std::string cmd = std::string("bash \"") + FLASHCOS_SOURCE_DIR + "/scripts/bwd_timeline.sh\" " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
-  const int status = pclose(p);
-  if (status != 0) out += "\n(exit status " + std::to_string(status) + ")";
-  return out;
+// The script on `args`, through the shell (train_process_util.h).
+train_test::RunResult run_script(const std::string& args) {
+  return train_test::run_shell("bash " + train_test::quote(std::string(FLASHCOS_SOURCE_DIR) + "/scripts/bwd_timeline.sh") +
+                               " " + args);
 }
 
 // The "key value (count)" lines of the summary.
@@ -105,8 +100,10 @@ TEST(BwdTimelineScript, MediansOfARandomTimeline) {
     std::ofstream out(path);
     out << file.str();
   }
-  const std::string out = run_script("\"" + path + "\"");
+  const train_test::RunResult run = run_script(train_test::quote(path));
   std::remove(path.c_str());
+  const std::string& out = run.output;
+  EXPECT_EQ(run.exit_code, 0) << out;
   EXPECT_NE(out.find("clock 1.800 GHz"), std::string::npos) << out;
   const std::map<std::string, double> got = parse(out);
   for (const auto& [key, values] : want) {
@@ -123,10 +120,11 @@ TEST(BwdTimelineScript, RefusesWhatIsNotATimeline) {
     std::ofstream out(path);
     out << "seq_len impl ms\n";
   }
-  const std::string out = run_script("\"" + path + "\"");
+  const train_test::RunResult run = run_script(train_test::quote(path));
   std::remove(path.c_str());
-  EXPECT_NE(out.find("not a timeline file"), std::string::npos) << out;
-  EXPECT_NE(out.find("exit status"), std::string::npos) << out;
-  const std::string missing = run_script("/nonexistent/bwd_timeline.txt");
-  EXPECT_NE(missing.find("cannot read"), std::string::npos) << missing;
+  EXPECT_NE(run.output.find("not a timeline file"), std::string::npos) << run.output;
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  const train_test::RunResult missing = run_script("/nonexistent/bwd_timeline.txt");
+  EXPECT_NE(missing.output.find("cannot read"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.exit_code, 0) << missing.output;
 }
