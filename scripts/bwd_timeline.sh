@@ -47,8 +47,11 @@ for f in "$@"; do
                          if (!(s in c1) || c > c1[s]) { c1[s] = c; n1[s] = ns } }
                END { for (s in c0) if (n1[s] > n0[s]) print "clock", (c1[s] - c0[s]) / (n1[s] - n0[s]) }' "$txt" |
           sort -k1,1 -k2,2g | medians | awk '{ print $2 + 0 }')
+    # With one stamp per SM the clock cannot be measured: an assumed 1.7 GHz, said so below.
+    clock_note="(cycles per ns)"
+    if [ -z "$ghz" ]; then ghz=1.7; clock_note="(assumed: one stamp per SM, the clock not measurable)"; fi
     # Lines whose marks are all there (an item without steps has no dQ marks).
-    awk -v ghz="$ghz" 'BEGIN { if (ghz <= 0) ghz = 1.7 }
+    awk -v ghz="$ghz" '
       function us(c) { return c / ghz / 1000 }
       { for (i = 6; i <= 12; ++i) if ($i == 0) next
         c = $3; n = $5
@@ -64,10 +67,10 @@ for f in "$@"; do
     # consumer) to the start of the next.
     awk '$2 == 0 && $12 > 0 { k = $14 " " $15; if (!(k in end) || $12 > end[k]) end[k] = $12; sm[k] = $14; st[k] = $15 }
          END { for (k in end) print sm[k], st[k], end[k] }' "$txt" | sort -k1,1n -k2,2n |
-      awk -v ghz="$ghz" 'BEGIN { if (ghz <= 0) ghz = 1.7 }
+      awk -v ghz="$ghz" '
         NR > 1 && $1 == s && $2 > e { print "cta_gap(stored->next_cta_start)", ($2 - e) / ghz / 1000 }
         { s = $1; e = $3 }' | sort -k1,1 -k2,2g | medians >> "$tmp/med"
-    printf "   clock %.3f GHz (cycles per ns); medians in us (count):\n" "${ghz:-0}"
+    printf "   clock %.3f GHz %s; medians in us (count):\n" "$ghz" "$clock_note"
     awk '{ printf "   %-36s %8.2f  (%d)\n", $1, $2, $3 }' "$tmp/med"
     rm -f "$hdr" "$txt"
   done
