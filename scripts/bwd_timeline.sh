@@ -7,7 +7,9 @@
 #   scripts/bwd_timeline.sh TIMELINE_FILE...
 #
 # Each file holds one launch or more ("# launch ..." headers start them; each launch is summarised on
-# its own). A line per (CTA, item, consumer): cta item consumer w n_steps, the cycle counts of the marks
+# its own). Then the launch as a whole: its span (first CTA start to last store, us) and the share of
+# that span its SMs were busy (in a CTA; one CTA an SM at a time), over the CTAs recorded (the file's
+# header gives the grid; a shorter record says so). A line per (CTA, item, consumer): cta item consumer w n_steps, the cycle counts of the marks
 # enter, kv, first step, loop end, dQ MMA, dQ out, stored, then the global timer (ns) at enter, the SM
 # and the CTA's start cycle. Cycle counts compare within one SM only; the clock (cycles per ns) is the
 # median over SMs of (last enter - first enter) / (their global timer difference).
@@ -70,8 +72,28 @@ for f in "$@"; do
       awk -v ghz="$ghz" '
         NR > 1 && $1 == s && $2 > e { print "cta_gap(stored->next_cta_start)", ($2 - e) / ghz / 1000 }
         { s = $1; e = $3 }' | sort -k1,1 -k2,2g | medians >> "$tmp/med"
+    # The launch: each CTA from its start to its last mark (global timer at enter, plus or minus
+    # cycles at the clock), the span over all CTAs, and their busy time over (SMs x span).
+    awk -v ghz="$ghz" '
+      { last = 0; for (i = 6; i <= 12; ++i) if ($i > 0) last = $i
+        s = $13 - ($6 - $15) / ghz; e = $13 + (last - $6) / ghz
+        if (!($1 in cs) || s < cs[$1]) cs[$1] = s
+        if (!($1 in ce) || e > ce[$1]) ce[$1] = e
+        sm[$14] = 1 }
+      END { for (k in cs) { ++n; busy += ce[k] - cs[k]
+                            if (n == 1 || cs[k] < lo) lo = cs[k]
+                            if (n == 1 || ce[k] > hi) hi = ce[k] }
+            for (s in sm) ++sms
+            span = hi - lo
+            printf "launch_span_us %.3f %d\n", span / 1000, n
+            printf "sm_busy_percent %.3f %d\n", (span > 0 ? 100 * busy / (sms * span) : 0), sms }' "$txt" > "$tmp/launch"
+    grid=$(sed -n 's/.* grid \([0-9]*\).*/\1/p' "$hdr")
+    recorded=$(awk '$1 == "launch_span_us" { print $3 }' "$tmp/launch")
     printf "   clock %.3f GHz %s; medians in us (count):\n" "$ghz" "$clock_note"
     awk '{ printf "   %-36s %8.2f  (%d)\n", $1, $2, $3 }' "$tmp/med"
+    echo "   the launch (CTAs recorded; SMs):"
+    awk '{ printf "   %-36s %8.2f  (%d)\n", $1, $2, $3 }' "$tmp/launch"
+    if [ -n "$grid" ] && [ "$recorded" -lt "$grid" ]; then echo "   (the first $recorded CTAs of a grid of $grid only)"; fi
     rm -f "$hdr" "$txt"
   done
 done

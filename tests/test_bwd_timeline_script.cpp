@@ -1,7 +1,8 @@
 // scripts/bwd_timeline.sh, the summary of the Hopper backward's diagnostic timeline
 // (attention/cosine/cuda/hopper/bwd_timeline.cuh's file format), on a random timeline whose medians
 // are computed here: per consumer the phases of an item, the CTAs' start-to-enter time, the gap
-// between one CTA's last store and the next CTA's start on the same SM, and the clock it infers.
+// between one CTA's last store and the next CTA's start on the same SM, the clock it infers, and the
+// launch's span and the share of it its SMs were busy.
 #include <gtest/gtest.h>
 
 #include "train_process_util.h"
@@ -55,9 +56,11 @@ TEST(BwdTimelineScript, MediansOfARandomTimeline) {
   auto cyc = [](long long t) { return t * 9 / 5; };
   const int n_steps = 103;
   std::ostringstream file;
-  file << "# launch 10 grid 12 blocks 12 I 8192 J 8192 D 128 causal 0\n";
+  // The header's grid (20) is more than the 13 CTAs recorded: the summary says so.
+  file << "# launch 10 grid 20 blocks 12 I 8192 J 8192 D 128 causal 0\n";
   std::map<std::string, std::vector<double>> want;
   int cta = 0;
+  long long first_start = -1, last_end = 0, busy = 0;  // ns, over all CTAs
   for (int sm = 0; sm < 3; ++sm) {
     long long t = ns(0, 2000);  // this SM's clock: the first CTA's start
     const int ctas = 3 + sm;    // 3, 4, 5 CTAs one after another
@@ -90,11 +93,20 @@ TEST(BwdTimelineScript, MediansOfARandomTimeline) {
         want[p + "cta_start->enter"].push_back((enter - start) / 1000.0);
       }
       prev_end = end;
+      first_start = first_start < 0 ? start : std::min(first_start, start);
+      last_end = std::max(last_end, end);
+      busy += end - start;
       t = end + ns(500, 4000);
     }
   }
   // A line of an item without steps (no dQ marks): left out of the phases.
+  // Its CTA starts at 0 ns and ends with its K, V at 200 ns, on a fourth SM.
   file << cta << " 0 0 " << cta << " 0 " << cyc(100) << " " << cyc(200) << " 0 0 0 0 0 100 9 0\n";
+  first_start = 0;
+  busy += 200;
+  const double span = (last_end - first_start) / 1000.0;
+  want["launch_span_us"] = {span};
+  want["sm_busy_percent"] = {100.0 * busy / 1000.0 / (4 * span)};
   const std::string path = ::testing::TempDir() + "bwd_timeline_test.txt";
   {
     std::ofstream out(path);
@@ -105,6 +117,7 @@ TEST(BwdTimelineScript, MediansOfARandomTimeline) {
   const std::string& out = run.output;
   EXPECT_EQ(run.exit_code, 0) << out;
   EXPECT_NE(out.find("clock 1.800 GHz"), std::string::npos) << out;
+  EXPECT_NE(out.find("the first 13 CTAs of a grid of 20 only"), std::string::npos) << out;
   const std::map<std::string, double> got = parse(out);
   for (const auto& [key, values] : want) {
     const auto it = got.find(key);

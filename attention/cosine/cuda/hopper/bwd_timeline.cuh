@@ -38,7 +38,9 @@ enum BwdMark { kMarkEnter, kMarkKv, kMarkFirstStep, kMarkLoopEnd, kMarkDqMma, kM
 constexpr int kTimelineItems = 128;  // items per CTA recorded (later ones dropped)
 // w, n_steps, the marks' cycle counts, then at kMarkEnter the global timer, the SM and the CTA's start cycle
 constexpr int kTimelineFields = 2 + kMarks + 3;
-constexpr int kTimelineCtas = 1024;
+// CTAs recorded: every CTA of b4 h8 n 16384 d 128's grid of a CTA an item (4,124 with its split tail),
+// so that the launch's span and its SMs' idle time can be read (a buffer of 142 MB, for one launch).
+constexpr int kTimelineCtas = 4608;
 
 // Thread 0 of consumer c: mark m of the CTA's item `item` (cta_start: clock64() at the kernel's start).
 __device__ __forceinline__ void bwd_timeline_mark(long long* timeline, int item, int c, int m, int w, int n_steps,
