@@ -130,6 +130,11 @@ struct BwdParams : CommonParams {
   // 2026-11-28 (FLASHCOS_HOPPER_BWD_ROW_GRID=1, a comparison variant), instead of from the first row
   // that sees the key block (hopper::bwd_rows). Set by its launcher.
   bool bwd_rows_on_grid = false;
+  // The Hopper backward's 80-row instances on a grid of a CTA an item: K, V requested by thread 0
+  // right after the barriers' initialisation, before the CTA's first barrier, and each stage's Q, dO
+  // before the producer stalls on its row stats (hopper::bwd_load), so that their latency overlaps
+  // the prologue. Set by its launcher (FLASHCOS_HOPPER_BWD_EARLY_LOADS=0: off).
+  bool bwd_early_loads = false;
   // The Hopper backward's split tail (hopper::choose_tail_split; plain, not causal): CTAs from index
   // split_first on each run one of split_pieces shares of a (key block, kv head)'s steps; the one
   // that finishes last adds the others' dK / dV parts (split_scratch: split_pieces slots of 256 x D

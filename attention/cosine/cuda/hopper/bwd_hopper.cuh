@@ -57,6 +57,13 @@ inline bool hopper_bwd_rows_on_grid() {
   return on;
 }
 
+// FLASHCOS_HOPPER_BWD_EARLY_LOADS=0 (read once): the backward's K, V and each stage's Q, dO requested
+// where they were before 2026-11-29 (BwdParams::bwd_early_loads; a comparison variant).
+inline bool hopper_bwd_early_loads() {
+  static const bool on = env_switch_on("FLASHCOS_HOPPER_BWD_EARLY_LOADS");
+  return on;
+}
+
 // Which kernel (FLASHCOS_HOPPER_BWD, read once): "ws" (default) dQ added by the producer's TMA
 // reductions from shared memory, "ws-atomic" by the consumers' atomics, "ws-det-serial" the default
 // with the deterministic mode's counter polled only once the consumer's tile is there (kDetAhead
@@ -210,6 +217,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
         }
       }
     }
+    // On a grid of a CTA an item (a persistent grid's later items load behind the last one's steps).
+    banded.bwd_early_loads = !persistent && hopper_bwd_early_loads();
 #ifdef FLASHCOS_BWD_TIMELINE
     // The plain instance's launches, on either grid (bwd_timeline.cuh).
     long long* const stamps = persistent || kernel == plain ? hopper::BwdTimeline::get().next(stream) : nullptr;

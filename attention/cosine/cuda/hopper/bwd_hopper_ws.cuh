@@ -88,6 +88,10 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
   // for BwdParams' offsets or a few reordered instructions): moving their per-CTA values into an item
   // loop made the biased instances spill 4x as much, runs AG1-AG3).
   static_assert(!kPersist || (kMaySplit && !kDsFp32 && Tile::kMayPersist), "a persistent grid: the plain instance");
+  // The loads of p.bwd_early_loads (bwd_load): in the 80-row instances on a grid of a CTA an item only,
+  // so that the others' code stays as it was (in fp16 d 64's plain instance the runtime switch moved
+  // five integer instructions into the step loop, cuobjdump).
+  constexpr bool kEarlyLoads = kDqT && !kPersist;
 
 #ifdef FLASHCOS_BWD_TIMELINE
   const long long cta_start = clock64();  // the CTA's first stamp (bwd_timeline.cuh)
@@ -167,6 +171,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
       mbar_init(bar_dq_empty + s, 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    // kEarlyLoads and p.bwd_early_loads: K, V on their way while the CTA passes its barrier and sets up.
+    if (kEarlyLoads && p.bwd_early_loads) bwd_load_kv<Tile, D>(maps, sK, sV, bar_kv, n0, hkv, b);
   }
   __syncthreads();
 
@@ -199,8 +205,8 @@ __global__ void __launch_bounds__(BwdWsTile<D, BM, kTmaDq>::kThreads, 1)
         bwd_load_items<Tile, D, kFoldScale, kPShift>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty,
                                                      bar_full, bar_empty, lane, queue, items, item_at);
       } else {
-        bwd_load<Tile, D, kFoldScale, kPShift>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty, bar_full,
-                                               bar_empty, lane, n0, hkv, b, n_steps, steps, 0, 0);
+        bwd_load<Tile, D, kFoldScale, kPShift, kEarlyLoads>(maps, p, sK, sV, sQ, sdO, sRowC, sDelta, bar_kv, bar_kv_empty,
+                                                            bar_full, bar_empty, lane, n0, hkv, b, n_steps, steps, 0, 0);
       }
     }
     return;

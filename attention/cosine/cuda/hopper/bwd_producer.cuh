@@ -246,13 +246,28 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
 // earlier items (the stages and their phases count on); `item`: their count. A later item's K, V
 // wait for the consumers to be done with the last (bar_kv_empty), after the item's first stages,
 // which go in while the last item's steps finish.
-template <typename Tile, int D, bool kFoldScale, int kPShift>
+// One thread: the key block's K, V (kBN keys from n0 of kv head hkv of batch b) by TMA on bar_kv.
+template <typename Tile, int D>
+__device__ __forceinline__ void bwd_load_kv(const BwdTmaMaps& maps, unsigned char* sK, unsigned char* sV,
+                                            uint64_t* bar_kv, int n0, int hkv, int b) {
+  mbar_arrive_expect_tx(bar_kv, 2 * Tile::kKBytes);
+#pragma unroll
+  for (int blk = 0; blk < D / 64; ++blk) {
+    tma_load_4d(sK + blk * Tile::kBN * kSw128Row, &maps.k, blk * 64, n0, hkv, b, bar_kv);
+    tma_load_4d(sV + blk * Tile::kBN * kSw128Row, &maps.v, blk * 64, n0, hkv, b, bar_kv);
+  }
+}
+
+// kEarly and p.bwd_early_loads (a grid of a CTA an item): the item's K, V already requested by the
+// kernel's prologue, and each stage's Q, dO requested before its row stats are stored (whose loads
+// the producer then stalls on), lane 0 expecting their bytes without arriving; otherwise after.
+template <typename Tile, int D, bool kFoldScale, int kPShift, bool kEarly = false>
 __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams& p, unsigned char* sK,
                                          unsigned char* sV, unsigned char* sQ, unsigned char* sdO, float* sRowC,
                                          float* sDelta, uint64_t* bar_kv, uint64_t* bar_kv_empty,
                                          uint64_t* bar_full, uint64_t* bar_empty, int lane, int n0, int hkv, int b,
                                          int n_iters, const BwdSteps& steps, int done, int item) {
-  constexpr int kBN = Tile::kBN, kBM = Tile::kBM, kStages = Tile::kStages, kStatsPerLane = (kBM + 31) / 32;
+  constexpr int kBM = Tile::kBM, kStages = Tile::kStages, kStatsPerLane = (kBM + 31) / 32;
   const int I = p.I, H = p.H;
   if (lane == 0 && item == 0) {
     tma_prefetch_map(&maps.q);
@@ -261,18 +276,21 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
   auto load_kv = [&] {
     if (lane != 0) return;
     if (item > 0) mbar_wait(bar_kv_empty, (item - 1) & 1);
-    mbar_arrive_expect_tx(bar_kv, 2 * Tile::kKBytes);
-#pragma unroll
-    for (int blk = 0; blk < D / 64; ++blk) {
-      tma_load_4d(sK + blk * kBN * kSw128Row, &maps.k, blk * 64, n0, hkv, b, bar_kv);
-      tma_load_4d(sV + blk * kBN * kSw128Row, &maps.v, blk * 64, n0, hkv, b, bar_kv);
-    }
+    bwd_load_kv<Tile, D>(maps, sK, sV, bar_kv, n0, hkv, b);
   };
   // K, V go in before step kv_at's stage (at the start in the first item, whose code is that of the
   // instances with a CTA an item: with the load in the loop their consumers spilled more, run AG3's
   // biased backward 5 % slower).
   const int kv_at = item == 0 ? 0 : min(kStages, n_iters);
-  if (kv_at == 0) load_kv();
+  const bool early = kEarly && p.bwd_early_loads;
+  if (kv_at == 0 && !early) load_kv();
+  auto load_stage = [&](int s, int h, int m0) {
+#pragma unroll
+    for (int blk = 0; blk < D / 64; ++blk) {
+      tma_load_4d(sQ + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.q, blk * 64, m0, h, b, bar_full + s);
+      tma_load_4d(sdO + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.dout, blk * 64, m0, h, b, bar_full + s);
+    }
+  };
   const float* gRowC = static_cast<const float*>(p.row_offset);
   const float* gDelta = static_cast<const float*>(p.delta);
   const float delta_scale = bwd_ds_scale(kFoldScale, kPShift, p.scale);  // D_i as the consumers use it
@@ -288,19 +306,19 @@ __device__ __forceinline__ void bwd_load(const BwdTmaMaps& maps, const BwdParams
       rd[i] = r < I ? gDelta[row] * delta_scale : 0.f;
     }
     if (gi >= kStages) mbar_wait(bar_empty + s, ((gi / kStages) - 1) & 1);
+    if (early && lane == 0) {  // full[s] cannot complete before the 32 arrivals below
+      mbar_expect_tx(bar_full + s, 2 * Tile::kQBytes);
+      load_stage(s, h, m0);
+    }
 #pragma unroll
     for (int i = 0; i < kStatsPerLane; ++i) {
       if (kBM % 32 != 0 && lane + 32 * i >= kBM) break;
       sRowC[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rc[i];
       sDelta[s * Tile::kStatSlots + Tile::stat_slot(lane + 32 * i)] = rd[i];
     }
-    if (lane == 0) {
+    if (!early && lane == 0) {
       mbar_arrive_expect_tx(bar_full + s, 2 * Tile::kQBytes);
-#pragma unroll
-      for (int blk = 0; blk < D / 64; ++blk) {
-        tma_load_4d(sQ + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.q, blk * 64, m0, h, b, bar_full + s);
-        tma_load_4d(sdO + s * Tile::kQBytes + blk * kBM * kSw128Row, &maps.dout, blk * 64, m0, h, b, bar_full + s);
-      }
+      load_stage(s, h, m0);
     } else {
       mbar_arrive(bar_full + s);
     }
