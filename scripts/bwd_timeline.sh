@@ -9,10 +9,11 @@
 # Each file holds one launch or more ("# launch ..." headers start them; each launch is summarised on
 # its own). Then the launch as a whole: its span (first CTA start to last store, us) and the share of
 # that span its SMs were busy (in a CTA; one CTA an SM at a time), over the CTAs recorded (the file's
-# header gives the grid; a shorter record says so). A line per (CTA, item, consumer): cta item consumer w n_steps, the cycle counts of the marks
-# enter, kv, first step, loop end, dQ MMA, dQ out, stored, then the global timer (ns) at enter, the SM
-# and the CTA's start cycle. Cycle counts compare within one SM only; the clock (cycles per ns) is the
-# median over SMs of (last enter - first enter) / (their global timer difference).
+# header gives the grid; a shorter record says so). A line per (CTA, item, consumer): cta item
+# consumer w n_steps, the cycle counts of the marks enter, kv, first step, loop end, dQ MMA, dQ out,
+# stored, then the global timer (ns) at enter, the SM and the CTA's start cycle. Cycle counts compare
+# within one SM only; the clock (cycles per ns) is the median over SMs of (last enter - first enter) /
+# (their global timer difference).
 # Needs only bash, awk and sort.
 set -euo pipefail
 

@@ -240,12 +240,6 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdTmaMaps& maps, const BwdP
   }
 }
 
-// Warp 0, for one item (bwd_item) of the CTA's: its K, V, then each step's row stats and Q, dO
-// (kFoldScale: D_i times the scale, as the bf16 consumers use it; kPShift: fp16's paired dS, c_i + kPShift and
-// D_i 2^-kPShift, bwd_ds.cuh). `done`: the CTA's steps in its
-// earlier items (the stages and their phases count on); `item`: their count. A later item's K, V
-// wait for the consumers to be done with the last (bar_kv_empty), after the item's first stages,
-// which go in while the last item's steps finish.
 // One thread: the key block's K, V (kBN keys from n0 of kv head hkv of batch b) by TMA on bar_kv.
 template <typename Tile, int D>
 __device__ __forceinline__ void bwd_load_kv(const BwdTmaMaps& maps, unsigned char* sK, unsigned char* sV,
@@ -258,6 +252,12 @@ __device__ __forceinline__ void bwd_load_kv(const BwdTmaMaps& maps, unsigned cha
   }
 }
 
+// Warp 0, for one item (bwd_item) of the CTA's: its K, V, then each step's row stats and Q, dO
+// (kFoldScale: D_i times the scale, as the bf16 consumers use it; kPShift: fp16's paired dS, c_i + kPShift and
+// D_i 2^-kPShift, bwd_ds.cuh). `done`: the CTA's steps in its
+// earlier items (the stages and their phases count on); `item`: their count. A later item's K, V
+// wait for the consumers to be done with the last (bar_kv_empty), after the item's first stages,
+// which go in while the last item's steps finish.
 // kEarly and p.bwd_early_loads (a grid of a CTA an item): the item's K, V already requested by the
 // kernel's prologue, and each stage's Q, dO requested before its row stats are stored (whose loads
 // the producer then stalls on), lane 0 expecting their bytes without arriving; otherwise after.
