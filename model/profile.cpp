@@ -72,7 +72,7 @@ void abandon_step_profile() noexcept {
   }
 }
 
-std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top) {
+std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top, const std::string& unit) {
   auto result = prof::disableProfiler();
   if (!trace_path.empty()) result->save(trace_path);
   struct Entry {
@@ -110,16 +110,17 @@ std::string stop_step_profile(int64_t steps, const std::string& trace_path, int 
   std::vector<std::pair<std::string, Entry>> rows(by_name.begin(), by_name.end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
   const double per_step = 1e6 * static_cast<double>(std::max<int64_t>(steps, 1));  // ns -> ms per step
-  std::string out = strf("profile over %lld steps: GPU busy %.2f ms/step of a %.2f ms/step span (%zu kernel names)\n",
-                         static_cast<long long>(steps), total_ns / per_step,
-                         last_ns > first_ns ? (last_ns - first_ns) / per_step : 0.0, rows.size());
+  const char* u = unit.c_str();
+  std::string out = strf("profile over %lld %ss: GPU busy %.3f ms/%s of a %.3f ms/%s span (%zu kernel names)\n",
+                         static_cast<long long>(steps), u, total_ns / per_step, u,
+                         last_ns > first_ns ? (last_ns - first_ns) / per_step : 0.0, u, rows.size());
   if (!comm.empty()) {
     uint64_t comm_ns = 0;
     for (const auto& [s, e] : merged(comm)) comm_ns += e - s;
-    out += strf("communication (nccl kernels): %.2f ms/step, exposed (no other kernel running) %.2f ms/step\n",
-                comm_ns / per_step, uncovered_ns(comm, compute) / per_step);
+    out += strf("communication (nccl kernels): %.2f ms/%s, exposed (no other kernel running) %.2f ms/%s\n",
+                comm_ns / per_step, u, uncovered_ns(comm, compute) / per_step, u);
   }
-  out += strf("  %9s %6s %8s  %s  [launching op]\n", "ms/step", "%", "calls", "kernel");
+  out += strf("  %9s %6s %8s  %s  [launching op]\n", ("ms/" + unit).c_str(), "%", "calls", "kernel");
   uint64_t rest_ns = 0;
   int64_t rest_count = 0;
   for (size_t i = 0; i < rows.size(); ++i) {

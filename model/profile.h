@@ -16,10 +16,12 @@ namespace flashcos::model {
 void start_step_profile();
 
 // Stops recording, saves the trace to `trace_path` (skipped when empty), and returns the report:
-// GPU time per step of the `top` costliest kernel names, the rest summed, and the GPU busy total.
+// GPU time per step of the `top` costliest kernel names, the rest summed, and the GPU busy total
+// (`unit` names what was run `steps` times: "step" for the trainer, "iteration" for ./train bench).
 // In a data-parallel run it also gives the communication kernels' (nccl*) time per step and how
 // much of it is exposed: time when a communication kernel runs and no other kernel does.
-std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top = 30);
+std::string stop_step_profile(int64_t steps, const std::string& trace_path, int top = 30,
+                              const std::string& unit = "step");
 
 // Stops a recording that did not reach its end (the run stopped early): no trace, no report, no
 // exceptions.

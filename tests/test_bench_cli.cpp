@@ -180,7 +180,7 @@ TEST(BenchCli, HelpListsTheOptions) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (const char* opt :
        {"--causal", "--mask-prob", "--bias", "--only-forwards", "--only-backwards", "--dtype", "--batch",
-        "--heads", "--dim-head", "--seq-lens", "--json", "--impls", "--device"}) {
+        "--heads", "--dim-head", "--seq-lens", "--json", "--impls", "--device", "--rounds", "--profile"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt << "\n" << r.output;
   }
 }
@@ -217,6 +217,45 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("--warmup-s -0.5", "--warmup-s");
   expect_rejected("--warmup-s soon", "--warmup-s");
   expect_rejected("stray", "stray");
+  expect_rejected("--profile -1", "--profile");
+  expect_rejected("--profile 1001", "--profile");
+  expect_rejected("--profile 2", "--profile");  // the CPU has no CUDA kernels to report
+}
+
+// --profile on a GPU (skipped without one): below each table, each implementation's kernels over the
+// profiled iterations, the GPU's busy time against the span, and the same report in the JSON.
+TEST(BenchCli, ProfileReportsEachImplementationsKernelsOnCuda) {
+  const std::string json = temp_path("bench_profile");
+  const RunResult r = run_train("bench --device cuda --seq-lens 200,1000 --dim-head 64 --batch 1 --heads 2 --iters 3 "
+                                "--warmup 1 --warmup-s 0 --only-backwards --impls fused,tiled --rounds 2 --profile 2 "
+                                "--json " + json);
+  if (r.output.find("no CUDA device is available") != std::string::npos) {
+    std::remove(json.c_str());
+    GTEST_SKIP() << "no GPU here";
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json doc = read_json(json);
+  std::remove(json.c_str());
+  for (const char* impl : {"fused", "tiled"}) {
+    for (const char* n : {"200", "1000"}) {
+      const std::string title = std::string("backward, ") + impl + ", seq_len " + n + ": where 2 more iterations went";
+      const size_t at = r.output.find(title);
+      ASSERT_NE(at, std::string::npos) << title << "\n" << r.output;
+      // Its report: busy time and span per iteration, then the kernel table.
+      const size_t busy = r.output.find("profile over 2 iterations: GPU busy ", at);
+      ASSERT_NE(busy, std::string::npos) << r.output;
+      EXPECT_LT(busy - at, title.size() + 20) << "the report should follow its title:\n" << r.output;
+      EXPECT_NE(r.output.find("ms/iteration", busy), std::string::npos) << r.output;
+    }
+  }
+  ASSERT_EQ(doc["results"].size(), 4u) << doc.dump(2);
+  for (const auto& rec : doc["results"]) {
+    ASSERT_EQ(rec["status"], "ok") << rec.dump();
+    ASSERT_TRUE(rec.contains("profile")) << rec.dump();
+    const std::string report = rec["profile"].get<std::string>();
+    EXPECT_EQ(report.rfind("profile over 2 iterations: GPU busy ", 0), 0u) << report;
+    EXPECT_NE(report.find("calls  kernel"), std::string::npos) << report;
+  }
 }
 
 // A bench that timed nothing (here: only GPU implementations on the CPU) is not a success.

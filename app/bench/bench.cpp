@@ -188,6 +188,7 @@ int run(const BenchConfig& cfg) {
             // keeps its fastest round. A failure or a skip is final.
             std::map<std::string, Measurement> skips;
             std::map<std::string, std::vector<double>> round_ms;  // each round's median, for the spread
+            std::map<std::string, std::string> profiles;           // --profile: the first round's report
             for (const auto& impl : impls) skips[impl.name] = predicted_skip(cfg, impl.name, n, last);
             for (int round = 0; round < cfg.rounds; ++round) {
               for (size_t k = 0; k < impls.size(); ++k) {
@@ -200,8 +201,9 @@ int run(const BenchConfig& cfg) {
                 } else if (skips[impl.name].status != "ok") {
                   m = skips[impl.name];
                 } else {
-                  m = measure(cfg, impl, pass, in);
+                  m = measure(cfg, impl, pass, in, round == 0);
                   if (m.status == "ok") round_ms[impl.name].push_back(m.ms);
+                  if (!m.profile.empty()) profiles[impl.name] = m.profile;
                 }
                 if (done == row.by_impl.end() || m.status != "ok" || m.ms < done->second.ms) {
                   row.by_impl[impl.name] = m;
@@ -211,6 +213,7 @@ int run(const BenchConfig& cfg) {
             for (const auto& impl : impls) {
               Measurement& m = row.by_impl[impl.name];
               if (m.status == "ok") m.round_ms = round_ms[impl.name];
+              m.profile = profiles[impl.name];
               if (input_failure.status == "ok" && skips[impl.name].status == "ok" &&
                   (m.status == "ok" || m.status == "oom"))
                 last[impl.name] = {n, m};
@@ -223,6 +226,7 @@ int run(const BenchConfig& cfg) {
             rows.push_back(std::move(row));
           }
           print_full_table(cfg, impls, rows, dim_head, pass);
+          print_profiles(cfg, impls, rows, pass);
           // Rewritten after every table, so a long run that dies later keeps what it measured.
           if (!cfg.json_path.empty()) write_json(cfg.json_path, doc);
         }

@@ -190,6 +190,10 @@ cxxopts::Options make_options() {
                  "slowest round over the fastest; the JSON's round_ms: every round)", text("1"))
       ("budget", "seconds per implementation x pass x length; fewer iterations (at least 3) when "
                  "one is slow", text("2"))
+      ("profile", "after timing each implementation (its first round), run this many more iterations "
+                  "under libtorch's profiler and print, below each table, the GPU kernels they ran: ms "
+                  "per iteration by kernel, and the GPU's busy time against the span (the rest: gaps "
+                  "between kernels); CUDA only, the timings unaffected; 0: none", text("0"))
       ("device", "cuda | cpu (default cuda when available)", text(""))
       ("seed", "seed of the random inputs", text("0"))
       ("json", "write every measurement to this JSON file", text(""))
@@ -310,6 +314,10 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   cfg.warmup = static_cast<int>(parse_int("warmup", r["warmup"].as<std::string>(), 0, kMaxCount));
   cfg.rounds = static_cast<int>(parse_int("rounds", r["rounds"].as<std::string>(), 1, kMaxCount));
   cfg.iters = static_cast<int>(parse_int("iters", r["iters"].as<std::string>(), 1, kMaxCount));
+  cfg.profile = static_cast<int>(parse_int("profile", r["profile"].as<std::string>(), 0, 1000));
+  if (cfg.profile > 0 && !cfg.cuda) {
+    throw UsageError("--profile: it reports CUDA kernels, and this run is on the CPU (--device cpu, or no GPU here)");
+  }
   cfg.budget_s = parse_double("budget", r["budget"].as<std::string>());
   if (cfg.budget_s <= 0) throw UsageError("--budget: expected a positive number of seconds");
   cfg.warmup_s = parse_double("warmup-s", r["warmup-s"].as<std::string>());

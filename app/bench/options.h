@@ -50,6 +50,7 @@ struct BenchConfig {
   int rounds = 1;  // the implementations take turns this many times; the fastest round is kept
   int iters = 30;
   double budget_s = 2.0;  // per implementation x pass x config: fewer iterations when slow
+  int profile = 0;        // --profile: iterations run under libtorch's profiler after the timed ones (0: none)
   bool cuda = false;
   double scale = 10.0;
   bool include_l2norm = false;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 namespace flashcos::app::bench {
@@ -164,6 +165,22 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
   std::fflush(stdout);
 }
 
+void print_profiles(const BenchConfig& cfg, const std::vector<Impl>& impls, const std::vector<Row>& rows, Pass pass) {
+  if (cfg.profile <= 0) return;
+  for (const auto& row : rows) {
+    for (const auto& impl : impls) {
+      const Measurement& m = row.by_impl.at(impl.name);
+      if (m.profile.empty()) continue;
+      std::printf("%s, %s, seq_len %lld: where %d more iterations went (--profile)\n", pass_title(pass),
+                  impl.name.c_str(), static_cast<long long>(row.seq_len), cfg.profile);
+      std::string line;
+      for (std::istringstream in(m.profile); std::getline(in, line);) std::printf("    %s\n", line.c_str());
+    }
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -196,6 +213,7 @@ nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const Dty
     r["ms_mean"] = m.ms_mean;
     r["iters"] = m.iters;
     r["round_ms"] = m.round_ms;
+    if (!m.profile.empty()) r["profile"] = m.profile;
     r["tflops"] = flops / (m.ms * 1e-3) / 1e12;
   } else {
     r["ms"] = nullptr;

@@ -36,6 +36,10 @@ void print_seed_row(const BenchConfig& cfg, const std::vector<Impl>& impls, cons
 void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
                       const std::vector<Row>& rows, int64_t dim_head, Pass pass);
 
+// --profile: each implementation's report of its profiled iterations (Measurement::profile), by
+// length, indented; nothing without --profile.
+void print_profiles(const BenchConfig& cfg, const std::vector<Impl>& impls, const std::vector<Row>& rows, Pass pass);
+
 // One JSON result record: the configuration, the measurement and its FLOP rate.
 nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const DtypeSpec& dtype,
                       int64_t dim_head, int64_t n, Pass pass, const Measurement& m);

@@ -1,6 +1,8 @@
 // ./train bench: timing and measuring (see timing.h).
 #include "app/bench/timing.h"
 
+#include "model/profile.h"
+
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/Event.h>
@@ -114,7 +116,31 @@ Failure classify_failure(const std::exception& e) {
   return {"n/a", e.what()};
 }
 
-Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in) {
+namespace {
+
+// cfg.profile iterations of body under libtorch's profiler (model/profile.h): its report, or why
+// there is none (a profiler already running, a failure, which stops it). Not timed.
+std::string profile_iterations(const BenchConfig& cfg, const std::function<void()>& body) {
+  const auto index = at::accelerator::getDeviceIndex();
+  at::accelerator::synchronizeDevice(index);
+  try {
+    model::start_step_profile();
+  } catch (const std::exception& e) {
+    return std::string("profile: none: ") + e.what();
+  }
+  try {
+    for (int i = 0; i < cfg.profile; ++i) body();
+    at::accelerator::synchronizeDevice(index);
+    return model::stop_step_profile(cfg.profile, "", 12, "iteration");
+  } catch (const std::exception& e) {
+    model::abandon_step_profile();
+    return std::string("profile: failed: ") + first_line(e.what());
+  }
+}
+
+}  // namespace
+
+Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in, bool profile) {
   Measurement m;
   if (!impl.unavailable.empty()) {
     m.status = "n/a";
@@ -158,6 +184,7 @@ Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const I
           break;
       }
       ms = time_iterations(cfg, body);
+      if (profile && cfg.profile > 0) m.profile = profile_iterations(cfg, body);
     }
     if (cfg.cuda) {
       at::accelerator::synchronizeDevice(index);
