@@ -364,8 +364,8 @@ TEST_F(FusedAttentionMisc, BackwardPersistentGridMatchesFloat64) {
 // rows of dO scaled by 6000 (|dP| up to ~6000 sqrt(D) 4), the rest as usual; the last rows, so that
 // a causal row sees ~300 keys and P stays ~1/300 (row 1 sees 2 keys: P ~ 1/2, dS itself past 65504).
 // The Hopper kernels form fp16's dS from (dP - D_i) 2^-6 rounded to fp16 (range 4.2e6) or in fp32
-// (hopper/bwd_ds.cuh): dP - D_i rounded to fp16 unshifted would make dS, dq, dk inf / NaN here. The backward is linear in dO, so the errors
-// against float64 must stay those of the same inputs with unscaled dO (2x + eps / 4), at d 64 and
+// (hopper/bwd_ds.cuh): dP - D_i rounded to fp16 unshifted would make dS, dq, dk inf / NaN here. The
+// backward is linear in dO, so the errors against float64 must stay those of the same inputs with unscaled dO (2x + eps / 4), at d 64 and
 // 128, with and without a causal mask, and with a key mask (P = 0 next to a large dP - D_i).
 TEST_F(FusedAttentionMisc, Fp16BackwardLargeDpMinusD) {
   const std::vector<Case> cases = {C("d64_large_do", 1, 2, 2, 300, 300, 64), C("d128_large_do", 1, 2, 2, 300, 300, 128),

@@ -72,13 +72,9 @@ __device__ __forceinline__ void ds_paired(uint32_t (&rdSf)[N / 8][4], const floa
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int i = 8 * kk + 2 * j;
-      const uint32_t x =
-          pack2<T>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]), fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1]));
-      if constexpr (std::is_same_v<T, __half>) {
-        rdSf[kk][j] = mul_f16x2(x, rPf[kk][j]);
-      } else {
-        rdSf[kk][j] = mul_bf16x2(x, rPf[kk][j]);
-      }
+      rdSf[kk][j] = mul2<T>(
+          pack2<T>(fmaf(rdP[i], ds_scale, -rD[2 * (i / 4)]), fmaf(rdP[i + 1], ds_scale, -rD[2 * (i / 4) + 1])),
+          rPf[kk][j]);
     }
 }
 

@@ -217,8 +217,8 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
         }
       }
     }
-    // On a grid of a CTA an item (a persistent grid's later items load behind the last one's steps).
-    banded.bwd_early_loads = !persistent && hopper_bwd_early_loads();
+    // Read by the 80-row instances on a grid of a CTA an item only (bwd_hopper_ws.cuh, kEarlyLoads).
+    banded.bwd_early_loads = hopper_bwd_early_loads();
 #ifdef FLASHCOS_BWD_TIMELINE
     // The plain instance's launches, on either grid (bwd_timeline.cuh).
     long long* const stamps = persistent || kernel == plain ? hopper::BwdTimeline::get().next(stream) : nullptr;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/common/cuda/mma.cuh"
 
@@ -203,16 +204,17 @@ __device__ __forceinline__ void load_tile_sw128(unsigned char* s_tile, const T* 
   }
 }
 
-// The elementwise product of two packed bf16 (fp16) pairs, rounded once to bf16 (fp16): sm_90's bf16x2
-// (f16x2) multiply, one instruction for two elements.
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+// The elementwise product of two packed pairs of T (bf16 or fp16), rounded once to T: sm_90's bf16x2
+// / f16x2 multiply, one instruction for two elements.
+template <typename T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "bf16 or fp16 pairs");
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  }
   return d;
 }
 
