@@ -170,6 +170,7 @@ struct BwdBuffers {
   at::Tensor item_counter;
   at::Tensor dq_semaphore;  // deterministic mode, 16-bit kernels: (B, H, ceil(I / 16) + 1) int32 counters (dq_semaphore.cuh)
   at::Tensor dq_grid, dq_grid_kv;  // deterministic mode, cosine kind: (B, H, I) float, (B, Hkv, 2) int32 (dq_grid.h)
+  int64_t dq_zero_floats = 0;  // > 0: dq_accum's storage comes unzeroed, for the launcher to zero (BwdParams)
 };
 
 fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -187,6 +188,7 @@ fc::BwdParams make_bwd_params(const at::Tensor& dout, const at::Tensor& q, const
   p.row_offset = buf.row_offset.defined() ? buf.row_offset.data_ptr() : nullptr;
   p.dq_accum = buf.dq_accum.defined() ? buf.dq_accum.data_ptr() : nullptr;
   p.dq = buf.dq_accum.defined() ? nullptr : buf.dq.data_ptr();
+  p.dq_zero_floats = buf.dq_zero_floats;
   // 16-bit dq from dq_accum by the launcher's last kernel (with the counters where the kernel takes
   // them), unless the caller keeps dq_accum or converts it (FLASHCOS_DQ_FINISH=0).
   if (buf.dq_accum.defined() && buf.dq.defined() && buf.dq_done.defined()) {
@@ -278,10 +280,19 @@ BackwardResult fused_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
     buf.row_offset = at::empty({B, H, I}, acc_opts);           // (B, H, I)
     // FLASHCOS_DQ_FINISH=0: dq by a copy here after the launch, as before dq_finish.cuh (read once).
     static const bool finish_on = fc::env_switch_on("FLASHCOS_DQ_FINISH");
-    // One fill for dq_accum (B, H, I, D), the item counter and, with dq_finish, the heads' counters.
+    // FLASHCOS_DELTA_ZEROES=0: the storage below zeroed by a fill here, as before the delta kernel
+    // zeroed it (read once).
+    static const bool delta_zeroes = fc::env_switch_on("FLASHCOS_DELTA_ZEROES");
+    // One allocation for dq_accum (B, H, I, D), the item counter and, with dq_finish, the heads'
+    // counters, zeroed by the launcher's delta kernel as it reads O and dO (BwdParams::dq_zero_floats).
     const bool finish = buf.dq.defined() && finish_on;
     const int64_t n = B * H * I * D, counters = 1 + (finish ? B * Hkv : 0);
-    const at::Tensor storage = at::zeros({n + counters}, acc_opts);
+    const at::Tensor storage =
+        delta_zeroes ? at::empty({n + counters}, acc_opts) : at::zeros({n + counters}, acc_opts);
+    if (delta_zeroes) {
+      buf.dq_zero_floats = n + counters;
+      poison_if_requested(storage);  // the tests' NaN: any element left unzeroed breaks dq or a counter
+    }
     buf.dq_accum = storage.narrow(0, 0, n).view({B, H, I, D});
     buf.item_counter = storage.narrow(0, n, 1).view(at::kInt);
     if (finish) buf.dq_done = storage.narrow(0, n + 1, B * Hkv).view(at::kInt);

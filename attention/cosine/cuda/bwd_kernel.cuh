@@ -79,9 +79,22 @@ __device__ __forceinline__ void store_row_stats(const BwdParams& p, int64_t row,
   }
 }
 
+// The delta kernels' other job (BwdParams::dq_zero_floats): zero dq_accum and the counters after it,
+// 16 bytes a thread and turn over the kernel's grid (dq_accum comes from the caching allocator,
+// 256-byte aligned), the last n % 4 floats by the first threads.
+__device__ __forceinline__ void zero_dq_accum(const BwdParams& p) {
+  const int64_t n = p.dq_zero_floats;
+  if (n <= 0) return;
+  float* z = static_cast<float*>(p.dq_accum);
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, threads = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t k = t; k < n / 4; k += threads) reinterpret_cast<float4*>(z)[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (t < n % 4) z[n / 4 * 4 + t] = 0.f;
+}
+
 // D_i = do_i . o_i in fp32 (one warp per row; 0 for the exp kind), and c_i (store_row_stats).
 template <typename T, typename Acc>
 __global__ void delta_kernel(const BwdParams p) {
+  zero_dq_accum(p);
   const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t rows = int64_t(p.B) * p.H * p.I;
@@ -124,6 +137,7 @@ __global__ void delta_kernel_16bit(const BwdParams p) {
   const int lane = threadIdx.x % kLanes;
   const uint32_t rows = uint32_t(p.B) * uint32_t(p.H) * uint32_t(p.I);
   const bool grid = p.dq_grid != nullptr;  // |do_i|^2 only for the dQ grid, as delta_kernel
+  zero_dq_accum(p);
   float acc = 0.f, ss = 0.f;
   const uint32_t bh = row / uint32_t(p.I);
   const int h = int(bh % uint32_t(p.H));

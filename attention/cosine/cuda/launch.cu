@@ -118,6 +118,10 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (p.B == 0 || p.H == 0 || p.I == 0) return cudaSuccess;
   if (p.J == 0) {  // no keys, no kernel: dq = 0 (all-zero bits in every dtype; 16 bits without dq_out:
                    // the caller's zeroed dq_accum)
+    if (p.dq_zero_floats > 0) {  // no delta kernel to zero them
+      const cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, size_t(p.dq_zero_floats) * sizeof(float), stream);
+      if (err != cudaSuccess) return err;
+    }
     void* dq = is_16bit(p.dtype) ? p.dq_out : p.dq;
     if (dq == nullptr) return cudaSuccess;
     const size_t elem = is_16bit(p.dtype) ? 2 : p.dtype == DType::kDouble ? 8 : 4;

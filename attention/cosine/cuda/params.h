@@ -81,15 +81,20 @@ struct BwdParams : CommonParams {
   void* row_offset = nullptr;
 
   // dq: the 16-bit kernels add into dq_accum (B, H, I, D) float, contiguous, zeroed by the
-  // caller, multiplied by scale once the launcher returns (the Hopper fp16 80-row backward leaves the
-  // scale to dq_out's conversion, or without dq_out to the caller through dq_scale_left:
-  // hopper::bwd_dq_unscaled); the fp32/fp64 kernels write dq directly.
+  // caller (or by the launcher: dq_zero_floats), multiplied by scale once the launcher returns (the
+  // Hopper fp16 80-row backward leaves the scale to dq_out's conversion, or without dq_out to the
+  // caller through dq_scale_left: hopper::bwd_dq_unscaled); the fp32/fp64 kernels write dq directly.
   void* dq_accum = nullptr;
   // Host memory, needed by the 16-bit kernels without dq_out (else cudaErrorInvalidValue where the
   // kernel would leave the scale out): where the launcher left the softmax scale out of dq_accum it
   // writes that scale here, for the caller to apply as it reads dq_accum (the packed QKV path's
   // l2norm backward); elsewhere it leaves the value alone (the caller sets 1 first). No kernel reads it.
   float* dq_scale_left = nullptr;
+  // 16-bit kernels: where > 0, the dq_zero_floats floats from dq_accum (dq_accum and the int counters
+  // the caller keeps after it in one allocation: item_counter, dq_done) come unzeroed, and the
+  // launcher zeroes them in its delta kernel, which runs before any kernel reads them (a memset where
+  // no kernel runs): one pass over dq_accum fewer than a fill before the call.
+  int64_t dq_zero_floats = 0;
   void* dq = nullptr;  // (B, H, I, D) contiguous, fp32/fp64 kernels only
   // The 16-bit kernels' dq, or nullptr (the caller converts dq_accum itself): (B, H, I, D)
   // contiguous, the inputs' type, written from dq_accum by the launcher's last kernel (dq_finish.cuh).
