@@ -192,8 +192,9 @@ cxxopts::Options make_options() {
                  "one is slow", text("2"))
       ("profile", "after timing each implementation (its first round), run this many more iterations "
                   "under libtorch's profiler and print, below each table, the GPU kernels they ran: ms "
-                  "per iteration by kernel, and the GPU's busy time against the span (the rest: gaps "
-                  "between kernels); CUDA only, the timings unaffected; 0: none", text("0"))
+                  "per iteration by kernel and alone (while no other kernel ran), the GPU's busy time, "
+                  "the span and the time in it when no kernel ran; CUDA only, the timings unaffected; "
+                  "0: none", text("0"))
       ("device", "cuda | cpu (default cuda when available)", text(""))
       ("seed", "seed of the random inputs", text("0"))
       ("json", "write every measurement to this JSON file", text(""))
