@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: build, GPU tests, trainer throughput, attention benchmarks; logs under $OUT,
 # a short table printed last. Run on the GPU machine from the repository root:
-#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [quality-seeds] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [bwdkinds] [determinism] [coverage] [scaling]
+#   scripts/gpu_check.sh [build] [tests] [train] [profile] [quality] [quality-seeds] [sample] [sanitize] [bench] [matrix] [converge] [fastmax] [tune] [hopper] [fwdkinds] [bwdkinds] [determinism] [coverage] [scaling] [clocks]
 #   (default: build tests train bench)
 # tune: needs a build with FLASHCOS_TUNING=ON (the env variable is passed to cmake); times every
 # tile variant of the fused kernels (attention/cosine/cuda/tuning.h) at bf16 b4 h8 n8192 d64 / d128,
@@ -29,6 +29,12 @@
 # bf16 / fp16, d64 / d128, n 8192 / 16384, causal or not, for each of BWD_KINDS (default "ws-atomic ws"),
 # BWDKINDS_ROUNDS (default 2) rounds. The table lists TFLOP/s in that order. STEP_TIMEOUT: seconds
 # allowed to each of these commands (none by default).
+# clocks: the SM clock and power while each implementation runs alone (the kernels run at the board's
+# power limit, docs/kernels-tried.md): CLOCKS_REPEATS (default 2) rounds of `bench --only-backwards`, one
+# process per dtype of CLOCKS_DTYPES (default "bf16 fp16") and implementation of CLOCKS_IMPLS (default
+# "fused sdpa-cudnn"), at b4 h8 d CLOCKS_DIM (128) n CLOCKS_SEQ (8192), 300 timed iterations after the
+# warm-up, then one bf16 `--only-forwards` each; nvidia-smi samples every 25 ms, summarised per process
+# over the last timed second by scripts/clock_summary.sh (clocks_summary.txt; a row each in the table).
 # determinism: backward time plain, --deterministic (the dQ grid) and --deterministic with the ordered
 # adds (FLASHCOS_DQ_GRID=0), bf16 d64 / d128, n 8192, causal or not.
 # scaling: data-parallel scaling at seq 8192 (docs/scaling.md): the default model, batch 4 per GPU,
@@ -406,6 +412,38 @@ if has bwdkinds; then
       row "bwd $kind ${c:-full} (TFLOP/s)" "$(fused_col "$LOG/bwdkind_${kind}${c}.log" 4)"
     done
   done
+fi
+
+if has clocks; then
+  marks="$LOG/clocks_marks.txt"
+  : > "$marks"
+  TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader \
+      -lms 25 > "$LOG/clocks_samples.csv" 2>&1 &
+  smi=$!
+  sleep 2
+  clock_run() {  # tag, impl, bench args...
+    local tag=$1 impl=$2; shift 2
+    echo "START $tag $(date -u +%H:%M:%S.%N)" >> "$marks"
+    "$TRAIN" bench --batch 4 --heads 8 --dim-head "${CLOCKS_DIM:-128}" --seq-lens "${CLOCKS_SEQ:-8192}" --rounds 1 \
+        --iters 300 --impls "$impl" "$@" > "$LOG/clocks_$tag.log" 2>&1
+    echo "END $tag $(date -u +%H:%M:%S.%N)" >> "$marks"
+    sleep 3  # the next process's window starts after this one's samples
+  }
+  for r in $(seq 1 "${CLOCKS_REPEATS:-2}"); do
+    for d in ${CLOCKS_DTYPES:-bf16 fp16}; do
+      for i in ${CLOCKS_IMPLS:-fused sdpa-cudnn}; do clock_run "bwd_${d}_${i}_$r" "$i" --only-backwards --dtype "$d"; done
+    done
+  done
+  for i in ${CLOCKS_IMPLS:-fused sdpa-cudnn}; do clock_run "fwd_bf16_$i" "$i" --only-forwards --dtype bf16; done
+  kill "$smi" 2>/dev/null
+  scripts/clock_summary.sh "$marks" "$LOG/clocks_samples.csv" > "$LOG/clocks_summary.txt" 2>&1
+  while read -r tag n mhz w capped rest; do
+    [ "$tag" = run ] && continue
+    if [ "$n" = 0 ]; then row "clocks $tag" "no nvidia-smi sample in its window"; continue; fi
+    impl=$(echo "$tag" | cut -d_ -f3)
+    tflops=$(grep -E "^ +[0-9]+ +$impl " "$LOG/clocks_$tag.log" | awk '{print $4}' | head -1)
+    row "clocks $tag" "${mhz} MHz, ${w} W, capped ${capped}, ${tflops:-?} TFLOP/s ($n samples)"
+  done < "$LOG/clocks_summary.txt"
 fi
 
 if has determinism; then
