@@ -6,12 +6,12 @@
 #
 # MARKS: lines "START tag HH:MM:SS.frac" and "END tag HH:MM:SS.frac" (date -u +%H:%M:%S.%N), one pair a run.
 # SAMPLES: nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active
-#          --format=csv,noheader -lms N, in UTC (the default TZ on the GPU machine; set TZ=UTC otherwise).
+#          --format=csv,noheader -lms N, run with TZ=UTC (as gpu_check.sh does), so both are UTC.
 # Each run is summarised over [END - FROM, END - TO] seconds (default 1.2,0.2: a bench's timed
 # iterations end shortly before its process does): samples, mean SM MHz, mean W (nvidia-smi averages
 # power over about a second, so it lags the load), and the share of samples with the software power
-# cap (reason bit 0x4) active. A run with no sample in its window says so. Times of day that pass
-# midnight are taken as the next day. Needs only bash and awk.
+# cap (reason bit 0x4) active; lines that are not samples are skipped. A run with no sample in its
+# window says so. Times of day that pass midnight are taken as the next day. Needs only bash and awk.
 set -euo pipefail
 
 die() { echo "clock_summary.sh: error: $*" >&2; exit 1; }
@@ -34,6 +34,7 @@ awk -v from="$from" -v to="$to" '
   # Bit 0x4 of a hexadecimal reasons mask: the software power cap.
   function capped(h,  v) { v = index("0123456789abcdef", tolower(substr(h, length(h), 1))) - 1; return int(v / 4) % 2 }
   FNR == NR { if ($1 == "START" || $1 == "END") { kind[++n] = $1; tag[n] = $2; if (n == 1) ref = sec($3); tm[n] = at($3) } next }
+  $0 !~ / MHz, / { next }  # a line of nvidia-smi that is not a sample (a message, [N/A] values)
   { split($0, f, ", "); split(f[1], d, " "); ts[++m] = at(d[2]); clk[m] = f[2] + 0; pw[m] = f[3] + 0; cap[m] = capped(f[4]) }
   END {
     printf "%-28s %7s %8s %8s %8s\n", "run", "samples", "SM MHz", "W", "capped"

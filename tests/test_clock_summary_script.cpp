@@ -137,7 +137,8 @@ TEST(ClockSummaryScript, ASequencePassingMidnight) {
 TEST(ClockSummaryScript, WindowOptionAndRunsWithoutSamples) {
   std::string text;
   for (int i = 0; i <= 40; ++i) text += sample_line({1000LL * 3600 + 100 * i, 1000 + i, 500.0 + i, i % 2 == 0});
-  // Samples from 01:00:00.0 to 01:00:04.0, one every 100 ms.
+  // Samples from 01:00:00.0 to 01:00:04.0, one every 100 ms, and lines that are not samples (skipped).
+  text += "2026/11/29 01:00:01.55, [N/A], [N/A], [N/A]\nUnable to determine the device handle for GPU0\n";
   const std::string f = write("clock_samples_w.csv", text);
   const std::string m = write("clock_marks_w.txt",
                               "START a 01:00:00.000\nEND a 01:00:03.000\nSTART b 01:00:05.000\nEND b 01:00:09.000\n");
