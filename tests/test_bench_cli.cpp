@@ -180,7 +180,7 @@ TEST(BenchCli, HelpListsTheOptions) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (const char* opt :
        {"--causal", "--mask-prob", "--bias", "--only-forwards", "--only-backwards", "--dtype", "--batch",
-        "--heads", "--dim-head", "--seq-lens", "--json", "--impls", "--device", "--rounds", "--profile"}) {
+        "--heads", "--dim-head", "--seq-lens", "--json", "--impls", "--device", "--rounds", "--profile", "--clocks"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt << "\n" << r.output;
   }
 }
@@ -220,6 +220,7 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("--profile -1", "--profile");
   expect_rejected("--profile 1001", "--profile");
   expect_rejected("--profile 2", "--profile");  // the CPU has no CUDA kernels to report
+  expect_rejected("--clocks", "--clocks");      // nor a GPU clock to sample
 }
 
 // --profile on a GPU (skipped without one): below each table, each implementation's kernels over the
@@ -255,6 +256,40 @@ TEST(BenchCli, ProfileReportsEachImplementationsKernelsOnCuda) {
     const std::string report = rec["profile"].get<std::string>();
     EXPECT_EQ(report.rfind("profile over 2 iterations: GPU busy ", 0), 0u) << report;
     EXPECT_NE(report.find("calls  kernel"), std::string::npos) << report;
+  }
+}
+
+// --clocks on a GPU (skipped without one): each row's SM clock, power and power-cap share over its
+// timed iterations, in the table and the JSON, within what an NVIDIA data-centre GPU can report.
+TEST(BenchCli, ClocksAddTheSmClockAndPowerOfEachRowOnCuda) {
+  const std::string json = temp_path("bench_clocks");
+  const RunResult r = run_train("bench --device cuda --seq-lens 4096 --dim-head 64 --batch 4 --heads 8 --iters 200 "
+                                "--warmup 2 --warmup-s 0.2 --only-forwards --impls fused,tiled --clocks --json " + json);
+  if (r.output.find("no CUDA device is available") != std::string::npos) {
+    std::remove(json.c_str());
+    GTEST_SKIP() << "no GPU here";
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("SM MHz      W  capped"), std::string::npos) << r.output;
+  const nlohmann::json doc = read_json(json);
+  std::remove(json.c_str());
+  EXPECT_EQ(doc["config"]["clocks"], true) << doc["config"].dump(2);
+  ASSERT_EQ(doc["results"].size(), 2u) << doc.dump(2);
+  for (const auto& rec : doc["results"]) {
+    ASSERT_EQ(rec["status"], "ok") << rec.dump();
+    ASSERT_TRUE(rec.contains("clock_samples")) << rec.dump();
+    if (rec["clock_samples"].get<int>() == 0) {  // iterations shorter than one sampling period
+      EXPECT_TRUE(rec["sm_mhz"].is_null()) << rec.dump();
+      continue;
+    }
+    const double mhz = rec["sm_mhz"].get<double>(), watts = rec["watts"].get<double>();
+    const double capped = rec["power_capped_share"].get<double>();
+    EXPECT_GT(mhz, 100.0) << rec.dump();
+    EXPECT_LT(mhz, 5000.0) << rec.dump();
+    EXPECT_GT(watts, 1.0) << rec.dump();
+    EXPECT_LT(watts, 2000.0) << rec.dump();
+    EXPECT_GE(capped, 0.0) << rec.dump();
+    EXPECT_LE(capped, 1.0) << rec.dump();
   }
 }
 

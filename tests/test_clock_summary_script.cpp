@@ -157,8 +157,8 @@ TEST(ClockSummaryScript, WindowOptionAndRunsWithoutSamples) {
   EXPECT_EQ(n, 0);
   EXPECT_NE(r.output.find("no samples in its window"), std::string::npos) << r.output;
 
-  for (const std::string& bad : {"--window 1", "--window 0.2,1.2", "--window a,b"}) {
-    const auto e = run_script(bad + " " + train_test::quote(m) + " " + train_test::quote(f));
+  for (const char* bad : {"--window 1", "--window 0.2,1.2", "--window a,b"}) {
+    const auto e = run_script(std::string(bad) + " " + train_test::quote(m) + " " + train_test::quote(f));
     EXPECT_NE(e.exit_code, 0) << bad;
     EXPECT_NE(e.output.find("--window"), std::string::npos) << bad << ": " << e.output;
   }

@@ -28,7 +28,10 @@
 //   fwd+bwd  forward and autograd::grad per iteration
 // An out-of-memory error prints `oom`, an implementation that rejects the config prints `n/a` (the
 // reason follows the table), and the run continues.
+// --clocks samples the GPU's SM clock, power and power cap through NVML (gpu_clocks.h) over each
+// implementation's timed iterations and adds them to its row.
 #include "app/commands.h"
+#include "app/bench/gpu_clocks.h"
 #include "app/bench/impls.h"
 #include "app/bench/options.h"
 #include "app/bench/report.h"
@@ -42,6 +45,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -66,6 +70,10 @@ int run(const BenchConfig& cfg) {
     std::fprintf(stderr, "error: no implementation left to time on this device (see --impls)\n");
     return 2;
   }
+  // --clocks: NVML's handle of this GPU, taken before anything is timed, so that a machine without
+  // NVML fails at once.
+  std::unique_ptr<ClockSampler> clocks;
+  if (cfg.clocks) clocks = std::make_unique<ClockSampler>(current_cuda_pci_bus_id());
   bool need_sdpa_mask = false;
   for (const auto& impl : impls) {
     if (impl.name.rfind("sdpa-", 0) == 0 && impl.unavailable.empty()) need_sdpa_mask = true;
@@ -82,6 +90,7 @@ int run(const BenchConfig& cfg) {
               impl_list.c_str(), cfg.warmup,
               cfg.cuda && cfg.warmup > 0 && cfg.warmup_s > 0 ? strf(" and %gs", cfg.warmup_s).c_str() : "", cfg.iters,
               cfg.budget_s, cfg.rounds);
+  if (clocks) std::printf("clocks: SM clock, power and power cap sampled every 10 ms (NVML) over the timed iterations\n");
   if (cfg.attention == "fastmax") {
     std::printf(
         "fastmax: p %lld%s, temperature %g, chunk %lld; TFLOP/s counts the quadratic "
@@ -121,7 +130,8 @@ int run(const BenchConfig& cfg) {
                    {"budget_s", cfg.budget_s},
                    {"seed", cfg.seed},
                    {"kernel", cfg.kernel},
-                   {"baseline", cfg.baseline}};
+                   {"baseline", cfg.baseline},
+                   {"clocks", cfg.clocks}};
   if (cfg.attention == "fastmax") {
     doc["config"]["fastmax"] = {{"p", cfg.fastmax.p()},
                                 {"normalize", cfg.fastmax.normalize()},
@@ -201,7 +211,7 @@ int run(const BenchConfig& cfg) {
                 } else if (skips[impl.name].status != "ok") {
                   m = skips[impl.name];
                 } else {
-                  m = measure(cfg, impl, pass, in, round == 0);
+                  m = measure(cfg, impl, pass, in, round == 0, clocks.get());
                   if (m.status == "ok") round_ms[impl.name].push_back(m.ms);
                   if (!m.profile.empty()) profiles[impl.name] = m.profile;
                 }

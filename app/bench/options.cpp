@@ -195,6 +195,10 @@ cxxopts::Options make_options() {
                   "per iteration by kernel and alone (while no other kernel ran), the GPU's busy time, "
                   "the span and the time in it when no kernel ran; CUDA only, the timings unaffected; "
                   "0: none", text("0"))
+      ("clocks", "sample the GPU's SM clock, board power and power cap (NVML, every 10 ms) while each "
+                 "implementation's timed iterations run, and print them in its row (MHz, W, the share of "
+                 "samples capped) and the JSON: at the power limit the clock sets part of every figure; "
+                 "CUDA only, needs the driver's libnvidia-ml.so.1")
       ("device", "cuda | cpu (default cuda when available)", text(""))
       ("seed", "seed of the random inputs", text("0"))
       ("json", "write every measurement to this JSON file", text(""))
@@ -316,6 +320,10 @@ BenchConfig parse_config(const cxxopts::ParseResult& r, const std::string& comma
   cfg.rounds = static_cast<int>(parse_int("rounds", r["rounds"].as<std::string>(), 1, kMaxCount));
   cfg.iters = static_cast<int>(parse_int("iters", r["iters"].as<std::string>(), 1, kMaxCount));
   cfg.profile = static_cast<int>(parse_int("profile", r["profile"].as<std::string>(), 0, 1000));
+  cfg.clocks = r["clocks"].as<bool>();
+  if (cfg.clocks && !cfg.cuda) {
+    throw UsageError("--clocks: it samples a GPU's clock, and this run is on the CPU (--device cpu, or no GPU here)");
+  }
   if (cfg.profile > 0 && !cfg.cuda) {
     throw UsageError("--profile: it reports CUDA kernels, and this run is on the CPU (--device cpu, or no GPU here)");
   }

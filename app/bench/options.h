@@ -51,6 +51,7 @@ struct BenchConfig {
   int iters = 30;
   double budget_s = 2.0;  // per implementation x pass x config: fewer iterations when slow
   int profile = 0;        // --profile: iterations run under libtorch's profiler after the timed ones (0: none)
+  bool clocks = false;    // --clocks: the SM clock, power and power cap sampled over the timed iterations (gpu_clocks.h)
   bool cuda = false;
   double scale = 10.0;
   bool include_l2norm = false;

@@ -122,16 +122,19 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
       pass_title(pass), pass_flop_factor(pass), cfg.causal ? " / 2" : "");
   // With --rounds > 1, the spread: the slowest round's median over the fastest's, minus 1.
   const bool spread = cfg.rounds > 1;
-  std::printf("  %8s  %-15s %10s %9s %10s %9s%s\n", "seq_len", "impl", "ms", "TFLOP/s", "peak MiB",
-              ("vs " + cfg.baseline).c_str(), spread ? "   spread" : "");
+  // With --clocks: the SM clock and power over the timed iterations (of the round kept), and the share
+  // of their samples with the power cap active.
+  std::printf("  %8s  %-15s %10s %9s %10s %9s%s%s\n", "seq_len", "impl", "ms", "TFLOP/s", "peak MiB",
+              ("vs " + cfg.baseline).c_str(), spread ? "   spread" : "", cfg.clocks ? "   SM MHz      W  capped" : "");
   std::map<std::string, std::string> reasons;  // "impl: reason" -> first seq_len it appeared at
   for (const auto& row : rows) {
     const auto base_it = row.by_impl.find(cfg.baseline);
     for (const auto& impl : impls) {
       const Measurement& m = row.by_impl.at(impl.name);
       if (m.status != "ok") {
-        std::printf("  %8lld  %-15s %10s %9s %10s %9s%s\n", static_cast<long long>(row.seq_len),
-                    impl.name.c_str(), m.status.c_str(), "-", "-", "-", spread ? "        -" : "");
+        std::printf("  %8lld  %-15s %10s %9s %10s %9s%s%s\n", static_cast<long long>(row.seq_len),
+                    impl.name.c_str(), m.status.c_str(), "-", "-", "-", spread ? "        -" : "",
+                    cfg.clocks ? "        -      -       -" : "");
         reasons.emplace(impl.name + ": " + m.status + ": " + m.reason, std::to_string(row.seq_len));
         continue;
       }
@@ -154,8 +157,18 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
         }
         spread_text = buf;
       }
-      std::printf("  %8lld  %-15s %10.3f %9s %10s %9s%s\n", static_cast<long long>(row.seq_len),
-                  impl.name.c_str(), m.ms, rate, mib(m.peak_bytes).c_str(), vs.c_str(), spread_text.c_str());
+      std::string clock_text;
+      if (cfg.clocks) {
+        char buf[64] = "        -      -       -";  // no sample (iterations shorter than the sampling period)
+        if (m.clocks.samples > 0) {
+          std::snprintf(buf, sizeof buf, " %8.0f %6.0f %6.0f%%", m.clocks.sm_mhz, m.clocks.watts,
+                        100.0 * m.clocks.capped_share);
+        }
+        clock_text = buf;
+      }
+      std::printf("  %8lld  %-15s %10.3f %9s %10s %9s%s%s\n", static_cast<long long>(row.seq_len),
+                  impl.name.c_str(), m.ms, rate, mib(m.peak_bytes).c_str(), vs.c_str(), spread_text.c_str(),
+                  clock_text.c_str());
     }
   }
   for (const auto& [reason, seq] : reasons) {
@@ -214,6 +227,13 @@ nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const Dty
     r["iters"] = m.iters;
     r["round_ms"] = m.round_ms;
     if (!m.profile.empty()) r["profile"] = m.profile;
+    if (cfg.clocks) {  // over the timed iterations of the round kept; null where nothing was sampled
+      const bool any = m.clocks.samples > 0;
+      r["clock_samples"] = m.clocks.samples;
+      r["sm_mhz"] = any ? nlohmann::json(m.clocks.sm_mhz) : nlohmann::json(nullptr);
+      r["watts"] = any ? nlohmann::json(m.clocks.watts) : nlohmann::json(nullptr);
+      r["power_capped_share"] = any ? nlohmann::json(m.clocks.capped_share) : nlohmann::json(nullptr);
+    }
     r["tflops"] = flops / (m.ms * 1e-3) / 1e12;
   } else {
     r["ms"] = nullptr;

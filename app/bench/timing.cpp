@@ -29,7 +29,8 @@ class WarningCollector : public c10::WarningHandler {
 
 // Runs body `warmup` times, then up to `iters` timed times; per-iteration ms. Slow configs get
 // fewer iterations (at least 3) so that one measurement stays within about budget_s.
-std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<void()>& body) {
+std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<void()>& body,
+                                    ClockSampler* clocks = nullptr, ClockStats* clock_stats = nullptr) {
   using clock = std::chrono::steady_clock;
   const auto sync = [&] {
     if (cfg.cuda) at::accelerator::synchronizeDevice(at::accelerator::getDeviceIndex());
@@ -75,12 +76,15 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
       starts.emplace_back(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
       ends.emplace_back(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
     }
+    // The sampler runs from before the first iteration is queued until the last one has completed.
+    if (clocks != nullptr) clocks->start();
     for (int i = 0; i < iters; ++i) {
       starts[i].record(stream);
       body();
       ends[i].record(stream);
     }
     ends.back().synchronize();
+    if (clocks != nullptr) *clock_stats = clocks->stop();
     for (int i = 0; i < iters; ++i) ms.push_back(starts[i].elapsedTime(ends[i]));
   } else {
     for (int i = 0; i < iters; ++i) {
@@ -140,7 +144,8 @@ std::string profile_iterations(const BenchConfig& cfg, const std::function<void(
 
 }  // namespace
 
-Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in, bool profile) {
+Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in, bool profile,
+                    ClockSampler* clocks) {
   Measurement m;
   if (!impl.unavailable.empty()) {
     m.status = "n/a";
@@ -183,7 +188,7 @@ Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const I
           };
           break;
       }
-      ms = time_iterations(cfg, body);
+      ms = time_iterations(cfg, body, cfg.cuda ? clocks : nullptr, &m.clocks);
       if (profile && cfg.profile > 0) m.profile = profile_iterations(cfg, body);
     }
     if (cfg.cuda) {

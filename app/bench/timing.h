@@ -2,6 +2,7 @@
 // std::chrono, the median), its peak memory, failures (oom, n/a) and a CUDA context that broke.
 #pragma once
 
+#include "app/bench/gpu_clocks.h"
 #include "app/bench/impls.h"
 #include "app/bench/options.h"
 
@@ -24,6 +25,7 @@ struct Measurement {
   int64_t peak_bytes = -1;  // peak allocated by the caching allocator during the pass (CUDA)
   int64_t base_bytes = -1;  // allocated when the pass started (the inputs, mostly)
   std::string profile;      // with profile: model/profile.h's report of cfg.profile more iterations
+  ClockStats clocks;        // with a ClockSampler: over the timed iterations (samples 0: not sampled)
 };
 
 // A CUDA error that left the context unusable (illegal address, device-side assert): every later
@@ -42,8 +44,10 @@ Failure classify_failure(const std::exception& e);
 
 // Times `impl` on `in` for `pass` (see the top of bench.cpp). A failure is a Measurement with
 // status oom or n/a and the reason; DeviceLost when it left the CUDA device unusable. profile (and
-// cfg.profile > 0): then cfg.profile iterations more under libtorch's profiler, into m.profile.
-Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in, bool profile = false);
+// cfg.profile > 0): then cfg.profile iterations more under libtorch's profiler, into m.profile. clocks
+// (--clocks): sampled over the timed iterations, into m.clocks.
+Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const Inputs& in, bool profile = false,
+                    ClockSampler* clocks = nullptr);
 
 // Whether timing `impl` at length n can be skipped given its last result at a shorter length in
 // this table: after an oom, or when its time per iteration (at least 5% of --budget), scaled by

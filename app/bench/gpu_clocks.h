@@ -1,0 +1,55 @@
+// ./train bench --clocks: the GPU's SM clock, board power and power-cap state, sampled through NVML
+// while an implementation's timed iterations run. The kernels run at the board's power limit, where
+// the clock, not the kernel alone, sets the time: two implementations at 1,560 and 1,690 MHz are not
+// compared at the same speed of the chip (docs/performance.md section 1). NVML is the driver's
+// libnvidia-ml.so.1, loaded at run time; nothing links against it.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace flashcos::app::bench {
+
+struct ClockSample {
+  double sm_mhz = 0, watts = 0;
+  bool power_capped = false;  // NVML's software power cap among the clock's active event reasons
+};
+
+// What a sampled stretch of time was: its sample count, the mean SM clock and power, the share of its
+// samples with the power cap active (samples 0: nothing was sampled, the rest 0).
+struct ClockStats {
+  int samples = 0;
+  double sm_mhz = 0, watts = 0, capped_share = 0;
+};
+ClockStats summarize_clocks(const std::vector<ClockSample>& samples);
+
+// Samples one GPU every period_ms on a thread of its own between start() and stop().
+class ClockSampler {
+ public:
+  // The GPU of this PCI bus id (as CUDA gives it, "dddddddd:bb:dd.f"); throws std::runtime_error naming
+  // what failed (no libnvidia-ml.so.1, NVML's init or the device lookup).
+  explicit ClockSampler(const std::string& pci_bus_id, int period_ms = 10);
+  ~ClockSampler();
+  ClockSampler(const ClockSampler&) = delete;
+  ClockSampler& operator=(const ClockSampler&) = delete;
+
+  void start();       // clears the samples and starts sampling (at once, then every period)
+  ClockStats stop();  // stops and summarises what was sampled since start()
+
+ private:
+  void* device_ = nullptr;  // nvmlDevice_t
+  int period_ms_;
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+  std::mutex mutex_;
+  std::vector<ClockSample> samples_;
+};
+
+// The PCI bus id of the current CUDA device, for ClockSampler; throws std::runtime_error where this
+// build has no CUDA.
+std::string current_cuda_pci_bus_id();
+
+}  // namespace flashcos::app::bench
