@@ -73,7 +73,7 @@ int run(const BenchConfig& cfg) {
   // --clocks: NVML's handle of this GPU, taken before anything is timed, so that a machine without
   // NVML fails at once.
   std::unique_ptr<ClockSampler> clocks;
-  if (cfg.clocks) clocks = std::make_unique<ClockSampler>(current_cuda_pci_bus_id());
+  if (cfg.clocks) clocks = std::make_unique<ClockSampler>(cuda_pci_bus_id());
   bool need_sdpa_mask = false;
   for (const auto& impl : impls) {
     if (impl.name.rfind("sdpa-", 0) == 0 && impl.unavailable.empty()) need_sdpa_mask = true;

@@ -1,16 +1,9 @@
 // ./train bench --clocks: NVML sampling (see gpu_clocks.h).
 #include "app/bench/gpu_clocks.h"
 
-#if defined(FLASHCOS_WITH_CUDA) && __has_include(<ATen/cuda/CUDAContext.h>) && \
-    __has_include(<cuda_runtime_api.h>)
-#include <ATen/cuda/CUDAContext.h>
-#define FLASHCOS_BENCH_CLOCKS_CUDA 1
-#endif
-
 #include <dlfcn.h>
 
 #include <chrono>
-#include <cstdio>
 #include <stdexcept>
 
 namespace flashcos::app::bench {
@@ -134,18 +127,6 @@ ClockStats ClockSampler::stop() {
   if (thread_.joinable()) thread_.join();
   const std::lock_guard<std::mutex> lock(mutex_);
   return summarize_clocks(samples_);
-}
-
-std::string current_cuda_pci_bus_id() {
-#ifdef FLASHCOS_BENCH_CLOCKS_CUDA
-  const auto* props = at::cuda::getCurrentDeviceProperties();
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%08x:%02x:%02x.0", static_cast<unsigned>(props->pciDomainID),
-                static_cast<unsigned>(props->pciBusID), static_cast<unsigned>(props->pciDeviceID));
-  return buf;
-#else
-  throw std::runtime_error("--clocks: this build has no CUDA");
-#endif
 }
 
 }  // namespace flashcos::app::bench

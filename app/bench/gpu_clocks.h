@@ -29,7 +29,7 @@ ClockStats summarize_clocks(const std::vector<ClockSample>& samples);
 // Samples one GPU every period_ms on a thread of its own between start() and stop().
 class ClockSampler {
  public:
-  // The GPU of this PCI bus id (as CUDA gives it, "dddddddd:bb:dd.f"); throws std::runtime_error naming
+  // The GPU of this PCI bus id (report.h's cuda_pci_bus_id); throws std::runtime_error naming
   // what failed (no libnvidia-ml.so.1, NVML's init or the device lookup).
   explicit ClockSampler(const std::string& pci_bus_id, int period_ms = 10);
   ~ClockSampler();
@@ -47,9 +47,5 @@ class ClockSampler {
   std::mutex mutex_;
   std::vector<ClockSample> samples_;
 };
-
-// The PCI bus id of the current CUDA device, for ClockSampler; throws std::runtime_error where this
-// build has no CUDA.
-std::string current_cuda_pci_bus_id();
 
 }  // namespace flashcos::app::bench

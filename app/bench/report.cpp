@@ -21,6 +21,9 @@
 namespace flashcos::app::bench {
 namespace {
 
+// --clocks' three columns where there is nothing to show.
+constexpr const char* kNoClocks = "        -      -       -";
+
 std::string fmt_ms(const Measurement& m) {
   if (m.status != "ok") return m.status;
   char buf[32];
@@ -93,6 +96,18 @@ std::string device_name(const BenchConfig& cfg) {
   return name + " (" + std::to_string(at::get_num_threads()) + " threads)";
 }
 
+std::string cuda_pci_bus_id() {
+#ifdef FLASHCOS_BENCH_DEVICE_PROPS
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%08x:%02x:%02x.0", static_cast<unsigned>(props->pciDomainID),
+                static_cast<unsigned>(props->pciBusID), static_cast<unsigned>(props->pciDeviceID));
+  return buf;
+#else
+  throw std::runtime_error("--clocks: this build has no CUDA");
+#endif
+}
+
 void print_seed_row(const BenchConfig& cfg, const std::vector<Impl>& impls, const Row& row) {
   std::string note;
   const std::string kernel = row_kernel(cfg, impls, row, &note);
@@ -134,7 +149,7 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
       if (m.status != "ok") {
         std::printf("  %8lld  %-15s %10s %9s %10s %9s%s%s\n", static_cast<long long>(row.seq_len),
                     impl.name.c_str(), m.status.c_str(), "-", "-", "-", spread ? "        -" : "",
-                    cfg.clocks ? "        -      -       -" : "");
+                    cfg.clocks ? kNoClocks : "");
         reasons.emplace(impl.name + ": " + m.status + ": " + m.reason, std::to_string(row.seq_len));
         continue;
       }
@@ -159,12 +174,13 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
       }
       std::string clock_text;
       if (cfg.clocks) {
-        char buf[64] = "        -      -       -";  // no sample (iterations shorter than the sampling period)
+        clock_text = kNoClocks;  // no sample (iterations shorter than the sampling period)
         if (m.clocks.samples > 0) {
+          char buf[64];
           std::snprintf(buf, sizeof buf, " %8.0f %6.0f %6.0f%%", m.clocks.sm_mhz, m.clocks.watts,
                         100.0 * m.clocks.capped_share);
+          clock_text = buf;
         }
-        clock_text = buf;
       }
       std::printf("  %8lld  %-15s %10.3f %9s %10s %9s%s%s\n", static_cast<long long>(row.seq_len),
                   impl.name.c_str(), m.ms, rate, mib(m.peak_bytes).c_str(), vs.c_str(), spread_text.c_str(),

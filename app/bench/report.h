@@ -26,6 +26,9 @@ double pass_flops(const BenchConfig& cfg, int64_t dim_head, int64_t n, Pass pass
 
 // "NVIDIA H100 80GB HBM3 (sm_90)", or the CPU's model name and libtorch's thread count.
 std::string device_name(const BenchConfig& cfg);
+// The current CUDA device's PCI bus id, "dddddddd:bb:dd.0" (for gpu_clocks.h's ClockSampler); throws
+// std::runtime_error where this build has no CUDA.
+std::string cuda_pci_bus_id();
 // The current time as ISO 8601 UTC (2026-01-31T12:00:00Z).
 std::string utc_now();
 

@@ -188,7 +188,7 @@ Measurement measure(const BenchConfig& cfg, const Impl& impl, Pass pass, const I
           };
           break;
       }
-      ms = time_iterations(cfg, body, cfg.cuda ? clocks : nullptr, &m.clocks);
+      ms = time_iterations(cfg, body, clocks, &m.clocks);
       if (profile && cfg.profile > 0) m.profile = profile_iterations(cfg, body);
     }
     if (cfg.cuda) {
