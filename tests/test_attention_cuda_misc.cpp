@@ -1,6 +1,6 @@
 // CUDA tests of the fused attention beside the float64 grid of test_attention_cuda.cpp (skipped
 // without a GPU): rms_normalize, the forward's determinism and row sums (fixed offset and online
-// max), the Hopper forward's and backward's split tails, bias strides and a long sequence's memory.
+// max), both directions on a new host thread, the Hopper forward's and backward's split tails, bias strides and a long sequence's memory.
 // Each compares with a float64 formula or asserts bit-identity; FLASHCOS_POISON=1 is set
 // (tests/fused_attention_gpu.h).
 #include <flashcos/attention.h>
@@ -13,10 +13,12 @@
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -67,6 +69,46 @@ TEST_F(FusedAttentionMisc, ForwardIsDeterministic) {
     const at::Tensor a = flashcos::cosine_sim_attention(q, k, v, o);
     const at::Tensor b = flashcos::cosine_sim_attention(q, k, v, o);
     EXPECT_TRUE(at::equal(a, b)) << dtype_name(dt);
+  }
+}
+
+// The forward and backward as the first CUDA work of a new host thread (the autograd engine's
+// backward thread is one): on an H100 both run the Hopper kernels there, as on this thread (its
+// TMA maps once failed there without a current context, and the sm_80 kernels ran), and give this
+// thread's o bit for bit and its gradients within rounding.
+TEST_F(FusedAttentionMisc, NewHostThreadRunsTheSameKernels) {
+  at::manual_seed(49);
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    const auto opts = at::TensorOptions().dtype(dt).device(at::kCUDA);
+    const at::Tensor q = flashcos::l2norm(at::randn({1, 2, 300, 64}, opts));
+    const at::Tensor k = flashcos::l2norm(at::randn({1, 2, 300, 64}, opts));
+    const at::Tensor v = at::randn({1, 2, 300, 64}, opts), dout = at::randn({1, 2, 300, 64}, opts);
+    flashcos::detail::CoreArgs args;
+    args.causal = true;
+    const auto here = flashcos::detail::fused_forward(q, k, v, {}, {}, args);
+    const auto grads = flashcos::detail::fused_backward(dout, q, k, v, here.o, here.l, {}, {}, args);
+    c10::cuda::device_synchronize();  // nothing of this thread's work left when the other starts
+    flashcos::detail::ForwardResult there;
+    flashcos::detail::BackwardResult there_grads;
+    int64_t fwd_runs = -1, bwd_runs = -1;
+    std::thread fresh([&] {
+      const int64_t fwd_before = flashcos::hopper_forward_kernel_launches();
+      there = flashcos::detail::fused_forward(q, k, v, {}, {}, args);
+      fwd_runs = flashcos::hopper_forward_kernel_launches() - fwd_before;
+      const int64_t bwd_before = flashcos::hopper_backward_kernel_launches();
+      there_grads = flashcos::detail::fused_backward(dout, q, k, v, here.o, here.l, {}, {}, args);
+      bwd_runs = flashcos::hopper_backward_kernel_launches() - bwd_before;
+      c10::cuda::device_synchronize();
+    });
+    fresh.join();
+    if (hopper_family_expected()) {
+      EXPECT_EQ(fwd_runs, 1) << dtype_name(dt) << ": Hopper forwards on the new thread";
+      EXPECT_EQ(bwd_runs, 1) << dtype_name(dt) << ": Hopper backwards on the new thread";
+    }
+    EXPECT_TRUE(at::equal(there.o, here.o)) << dtype_name(dt);
+    EXPECT_LE(rel_err(there_grads.dq, grads.dq), 1e-3) << dtype_name(dt);
+    EXPECT_LE(rel_err(there_grads.dk, grads.dk), 1e-3) << dtype_name(dt);
+    EXPECT_LE(rel_err(there_grads.dv, grads.dv), 1e-3) << dtype_name(dt);
   }
 }
 

@@ -2,7 +2,8 @@
 // with the 128-byte swizzle must be byte for byte the SW128 tile load_tile_sw128 writes with
 // cp.async (the layout the wgmma descriptors read), with rows past the tensor's end zero, for
 // contiguous (B, H, rows, D) tensors and for the strided q / k / v views of a packed QKV
-// projection; and the fp32 map of the backward's dQ accumulator refuses what TMA cannot address.
+// projection; the fp32 map of the backward's dQ accumulator refuses what TMA cannot address; and
+// both maps are made on a host thread that has no current context yet.
 // Every test needs a compute capability 9.0 device (the tensor-map encoder is the
 // driver's); they skip elsewhere.
 #include <ATen/ATen.h>
@@ -16,6 +17,7 @@
 #endif
 
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace {
@@ -86,6 +88,29 @@ TEST(HopperTma, Fp32MapRefusesWhatTheTmaUnitCannotAddress) {
   EXPECT_TRUE(refused(base, 100, 128, 257));
   EXPECT_TRUE(refused(nullptr, 100, 128, 64));
   EXPECT_EQ(flashcos::cuda::make_f32_sw128_map(nullptr, base, 2, 3, 100, 128, 64), cudaErrorInvalidValue);
+}
+
+// The maps as the first CUDA work of a new host thread (as on the autograd engine's backward thread,
+// where the encoder once failed without a current context and the sm_80 kernels ran instead): both
+// maps are made there, and again after that thread switched device to the same one.
+TEST(HopperTma, MapsAreMadeOnAThreadWithoutACurrentContext) {
+  if (!hopper_device()) GTEST_SKIP() << "needs a compute capability 9.0 GPU (and its driver's tensor-map encoder)";
+  const int device = at::cuda::current_device();
+  const at::Tensor x = at::randn({2, 3, 100, 64}, at::TensorOptions().dtype(at::kHalf).device(at::kCUDA));
+  const at::Tensor acc = at::zeros({2, 3, 100, 64}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+  cudaError_t tile = cudaErrorUnknown, f32 = cudaErrorUnknown, again = cudaErrorUnknown, set = cudaErrorUnknown;
+  std::thread fresh([&] {
+    CUtensorMap map;
+    tile = flashcos::cuda::make_sw128_tile_map(&map, describe(x), 64);  // this thread's first CUDA call
+    f32 = flashcos::cuda::make_f32_sw128_map(&map, acc.data_ptr(), 2, 3, 100, 64, 32);
+    set = cudaSetDevice(device);
+    again = flashcos::cuda::make_sw128_tile_map(&map, describe(x), 32);
+  });
+  fresh.join();
+  EXPECT_EQ(tile, cudaSuccess) << cudaGetErrorString(tile);
+  EXPECT_EQ(f32, cudaSuccess) << cudaGetErrorString(f32);
+  ASSERT_EQ(set, cudaSuccess) << cudaGetErrorString(set);
+  EXPECT_EQ(again, cudaSuccess) << cudaGetErrorString(again);
 }
 
 TEST(HopperTma, TmaTileIsTheCpAsyncSw128Tile) {

@@ -5,9 +5,10 @@
 // columns 0 and 64, into consecutive column blocks. Rows past `rows` come back as zeros.
 //
 // cuTensorMapEncodeTiled is a driver function: it is reached through the runtime's
-// cudaGetDriverEntryPointByVersion, so nothing links libcuda directly. Not used by the kernels yet:
-// the producer-warp backward (docs/kernels.md, "Hopper family") is its first user;
-// hopper_tma_tile_selftest checks the layout claim on a device.
+// cudaGetDriverEntryPointByVersion, so nothing links libcuda directly; it needs a current context,
+// so the maps first make the current device's primary context current on the calling thread. The
+// Hopper forward's and backward's launchers use them; hopper_tma_tile_selftest checks the layout
+// claim on a device.
 #pragma once
 
 #include <cuda.h>
@@ -29,7 +30,8 @@ struct Sw128TileTensor {
 };
 
 // Fills `map` for tiles of `box_rows` (1..256) rows of `t`; cudaErrorInvalidValue for a tensor the
-// TMA unit cannot address (dtype, alignment, strides, sizes) or a driver without the entry point.
+// TMA unit cannot address (dtype, alignment, strides, sizes) or a driver without the entry point;
+// the runtime's error where the current device's context cannot be made current.
 cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int box_rows);
 
 // Fills `map` for boxes of `box_rows` (1..256) rows x 32 columns of a contiguous fp32 (B, H, rows, D)
