@@ -37,26 +37,38 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
   };
   sync();
   const auto t0 = clock::now();
-  // The cost of one iteration is taken from the last warm-up iteration: the first one carries
-  // one-time costs (library handles, lazy module loading, allocator growth) that would cut the
-  // iteration count of the first measurements (seen on the H100: 9 of 20 for a 0.4 ms config).
-  // On CUDA the warm-up also lasts cfg.warmup_s (1 s by default): under sustained load a GPU at its
-  // power limit lowers its clocks, and with a few ms of warm-up a short config's figure moved by up
-  // to 8 % between repeats and stood above the steady one; with 0.3 s an implementation that draws
-  // less power still moved by 11 % between two identical calls, with 1 s by 1 % (docs/performance.md,
-  // section 1, "How the warm-up moves the figures"). Warm-up stops early once half the budget is
-  // spent, but not before two iterations; --warmup 0 skips it.
+  // The cost of one iteration is taken from the second warm-up iteration, each of the first two
+  // waited for alone: the first one carries one-time costs (library handles, lazy module loading,
+  // allocator growth, cuDNN's graph for a new shape) that would cut the iteration count of the first
+  // measurements (seen on the H100: 9 of 20 for a 0.4 ms config).
+  // On CUDA the warm-up also keeps the GPU loaded for cfg.warmup_s (1 s by default) after that first
+  // iteration: under sustained load a GPU at its power limit lowers its clocks, and with a few ms of
+  // warm-up a short config's figure moved by up to 8 % between repeats and stood above the steady
+  // one; with 0.3 s an implementation that draws less power still moved by 11 % between two identical
+  // calls, with 1 s by 1 % (docs/performance.md, section 1, "How the warm-up moves the figures").
+  // Counted from the start instead, a first iteration with a long host part (the GPU idle) ate into
+  // that second and the timing began cooler, at higher clocks, in the round each implementation
+  // keeps (bench --clocks, 2026-11-29: cuDNN's kept n 8192 backwards at 127-400 W and up to 1,980 MHz,
+  // below the power cap, where ours read 690 W under the 700 W limit). Past the first two, the warm-up
+  // iterations are queued in batches of about 50 ms with one wait per batch, as the timed ones are
+  // queued, so that the host's part of each iteration leaves no idle gap. Warm-up stops early once
+  // half the budget is spent, but not before two iterations; --warmup 0 skips it.
   const double warm_floor_s = cfg.cuda && cfg.warmup > 0 ? cfg.warmup_s : 0.0;
+  const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   int warm = 0;
   double per_iter = 0.0;
-  while (warm < cfg.warmup || std::chrono::duration<double>(clock::now() - t0).count() < warm_floor_s) {
+  clock::time_point loaded = t0;  // the end of the first iteration
+  const auto loaded_s = [&] { return warm == 0 ? 0.0 : seconds_since(loaded); };
+  while (warm < cfg.warmup || loaded_s() < warm_floor_s) {
+    if (warm >= 2 && seconds_since(t0) > 0.5 * cfg.budget_s) break;
+    int batch = warm < 2 || per_iter <= 0 ? 1 : std::clamp(static_cast<int>(0.05 / per_iter), 1, 256);
+    if (loaded_s() >= warm_floor_s) batch = std::min(batch, cfg.warmup - warm);  // only the count is left
     const auto start = clock::now();
-    body();
-    ++warm;
+    for (int i = 0; i < batch; ++i) body();
+    warm += batch;
     sync();
-    const auto now = clock::now();
-    per_iter = std::chrono::duration<double>(now - start).count();
-    if (warm >= 2 && std::chrono::duration<double>(now - t0).count() > 0.5 * cfg.budget_s) break;
+    if (warm == 1) loaded = clock::now();
+    if (warm <= 2) per_iter = seconds_since(start);
   }
   int iters = cfg.iters;
   if (per_iter > 0) {
