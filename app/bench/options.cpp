@@ -180,8 +180,8 @@ cxxopts::Options make_options() {
                  "fastmax: fastmax-cuda, else fastmax-chunked)", text("auto"))
       ("baseline", "the seed table's baseline column", text("plain"))
       ("warmup", "warm-up iterations (0: none)", text("5"))
-      ("warmup-s", "on CUDA the warm-up also lasts at least this many seconds (at most half of --budget), "
-                   "so that the GPU's clocks settle under its power limit before the timing; 0: --warmup "
+      ("warmup-s", "on CUDA the warm-up also keeps the GPU busy for at least this many seconds after its "
+                   "first iteration (at most half of --budget), so that the GPU's clocks settle under its power limit before the timing; 0: --warmup "
                    "iterations only", text("1"))
       ("iters", "timed iterations (the median is reported)", text("30"))
       ("rounds", "time every implementation this many times per configuration, taking turns (the "
