@@ -32,7 +32,7 @@ struct KernelRecord {
 
 // stop_step_profile's report from its records: per kernel name (costliest first, the `top` ones shown,
 // the rest summed) its time per step, its share, its time alone (while no kernel of another name
-// ran: what it adds to the span) and its calls; above them the busy total (summed, so kernels that
+// ran: what it adds to the span) and its calls; above them the kernel time (summed, so kernels that
 // overlap count twice), the span from the first start to the last end, and the time within the span
 // when no kernel ran.
 std::string profile_report(const std::vector<KernelRecord>& kernels, int64_t steps, int top = 30,

@@ -173,7 +173,7 @@ if has profile; then
     "$TRAIN" --data "$DATA" --seq-len 8192 --batch 4 --grad-accum 1 --steps $((n + 2)) --profile-steps "$n" \
         --log-every 1 --validate-every 1000000 --generate-every 0 --save-every 1000000 --checkpoint-dir "$CK" \
         --run prof-$impl $flag ${TRAIN_ARGS:-} > "$LOG/profile_$impl.log" 2>&1
-    row "profile $impl" "rc $?: $(grep -oE 'GPU busy [0-9.]+ ms/step' "$LOG/profile_$impl.log")"
+    row "profile $impl" "rc $?: $(grep -oE 'kernel time [0-9.]+ ms/step' "$LOG/profile_$impl.log")"
   done
 fi
 
