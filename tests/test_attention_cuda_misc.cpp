@@ -1,6 +1,7 @@
 // CUDA tests of the fused attention beside the float64 grid of test_attention_cuda.cpp (skipped
 // without a GPU): rms_normalize, the forward's determinism and row sums (fixed offset and online
-// max), both directions on a new host thread, the Hopper forward's and backward's split tails, bias strides and a long sequence's memory.
+// max), both directions on a new host thread, the Hopper forward's and backward's split tails, bias
+// strides and a long sequence's memory.
 // Each compares with a float64 formula or asserts bit-identity; FLASHCOS_POISON=1 is set
 // (tests/fused_attention_gpu.h).
 #include <flashcos/attention.h>
@@ -73,9 +74,9 @@ TEST_F(FusedAttentionMisc, ForwardIsDeterministic) {
 }
 
 // The forward and backward as the first CUDA work of a new host thread (the autograd engine's
-// backward thread is one): on an H100 both run the Hopper kernels there, as on this thread (its
-// TMA maps once failed there without a current context, and the sm_80 kernels ran), and give this
-// thread's o bit for bit and its gradients within rounding.
+// backward thread is one): on a compute capability 9.0 GPU both run the Hopper kernels there, as on
+// this thread (their TMA maps once failed there without a current context, and the sm_80 kernels
+// ran), and give this thread's o bit for bit and its gradients within rounding.
 TEST_F(FusedAttentionMisc, NewHostThreadRunsTheSameKernels) {
   at::manual_seed(49);
   for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {

@@ -78,7 +78,8 @@ TEST(ProfileReport, BusySpanIdleAndTimeAlone) {
   const std::string r = profile_report(kernels, 2, 30, "iteration");
   // busy 8 + 0.4 + 0.1 = 8.5 ms, span 9 ms, covered [0, 4.3) and [5, 9): 8.3 ms, so 0.7 ms idle.
   EXPECT_EQ(r.rfind("profile over 2 iterations: kernel time 4.250 ms/iteration (summed: overlapping kernels "
-                    "each count) in a 4.500 ms/iteration span, no kernel running 0.350 ms/iteration (3 kernel names)\n", 0), 0u) << r;
+                    "each count) in a 4.500 ms/iteration span, no kernel running 0.350 ms/iteration "
+                    "(3 kernel names)\n", 0), 0u) << r;
   double ms = 0, pct = 0, alone = 0;
   long calls = 0;
   // main: 8 ms, 0.2 ms of it under fin; fin: 0.4 ms, half under main; fill: alone all along.

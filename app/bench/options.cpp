@@ -181,8 +181,8 @@ cxxopts::Options make_options() {
       ("baseline", "the seed table's baseline column", text("plain"))
       ("warmup", "warm-up iterations (0: none)", text("5"))
       ("warmup-s", "on CUDA the warm-up also keeps the GPU busy for at least this many seconds after its "
-                   "first iteration (at most half of --budget), so that the GPU's clocks settle under its power limit before the timing; 0: --warmup "
-                   "iterations only", text("1"))
+                   "first iteration (at most half of --budget), so that the GPU's clocks settle under its "
+                   "power limit before the timing; 0: --warmup iterations only", text("1"))
       ("iters", "timed iterations (the median is reported)", text("30"))
       ("rounds", "time every implementation this many times per configuration, taking turns (the "
                  "order reversed every other round), and report each one's fastest round: evens "

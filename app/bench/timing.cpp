@@ -46,16 +46,18 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
   // warm-up a short config's figure moved by up to 8 % between repeats and stood above the steady
   // one; with 0.3 s an implementation that draws less power still moved by 11 % between two identical
   // calls, with 1 s by 1 % (docs/performance.md, section 1, "How the warm-up moves the figures").
-  // Counted from the start instead, a first iteration with a long host part (the GPU idle) ate into
-  // that second and the timing began cooler, at higher clocks, in the round each implementation
-  // keeps (bench --clocks, 2026-11-29: cuDNN's kept n 8192 backwards at 127-400 W and up to 1,980 MHz,
-  // below the power cap, where ours read 690 W under the 700 W limit). Past the first two, the warm-up
+  // Counted from the start instead, a first iteration with a long host part (the GPU idle) could eat
+  // into that second, and the timing begin cooler, at higher clocks: bench --clocks (2026-11-29, 700 W
+  // limit) found cuDNN's kept round at 120-422 W and up to 1,980 MHz in 11 of 48 rows of a matrix,
+  // ours at 682-698 W in all (docs/performance.md, section 1). Past the first two, the warm-up
   // iterations are queued in batches of about 50 ms with one wait per batch, as the timed ones are
   // queued, so that the host's part of each iteration leaves no idle gap. Warm-up stops early once
   // half the budget is spent after the first iteration, but not before two iterations (counted from
   // the start, that limit cut the load short after a slow first iteration); --warmup 0 skips it.
   const double warm_floor_s = cfg.cuda && cfg.warmup > 0 ? cfg.warmup_s : 0.0;
-  const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  const auto seconds_since = [](clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  };
   int warm = 0;
   double per_iter = 0.0;
   clock::time_point loaded = t0;  // the end of the first iteration
