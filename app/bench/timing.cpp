@@ -1,6 +1,7 @@
 // ./train bench: timing and measuring (see timing.h).
 #include "app/bench/timing.h"
 
+#include "app/bench/warmup.h"
 #include "model/profile.h"
 
 #include <ATen/ATen.h>
@@ -36,43 +37,11 @@ std::vector<double> time_iterations(const BenchConfig& cfg, const std::function<
     if (cfg.cuda) at::accelerator::synchronizeDevice(at::accelerator::getDeviceIndex());
   };
   sync();
-  const auto t0 = clock::now();
-  // The cost of one iteration is taken from the second warm-up iteration, each of the first two
-  // waited for alone: the first one carries one-time costs (library handles, lazy module loading,
-  // allocator growth, cuDNN's graph for a new shape) that would cut the iteration count of the first
-  // measurements (seen on the H100: 9 of 20 for a 0.4 ms config).
-  // On CUDA the warm-up also keeps the GPU loaded for cfg.warmup_s (1 s by default) after that first
-  // iteration: under sustained load a GPU at its power limit lowers its clocks, and with a few ms of
-  // warm-up a short config's figure moved by up to 8 % between repeats and stood above the steady
-  // one; with 0.3 s an implementation that draws less power still moved by 11 % between two identical
-  // calls, with 1 s by 1 % (docs/performance.md, section 1, "How the warm-up moves the figures").
-  // Counted from the start instead, a first iteration with a long host part (the GPU idle) could eat
-  // into that second, and the timing begin cooler, at higher clocks: bench --clocks (2026-11-29, 700 W
-  // limit) found cuDNN's kept round at 120-422 W and up to 1,980 MHz in 11 of 48 rows of a matrix,
-  // ours at 682-698 W in all (docs/performance.md, section 1). Past the first two, the warm-up
-  // iterations are queued in batches of about 50 ms with one wait per batch, as the timed ones are
-  // queued, so that the host's part of each iteration leaves no idle gap. Warm-up stops early once
-  // half the budget is spent after the first iteration, but not before two iterations (counted from
-  // the start, that limit cut the load short after a slow first iteration); --warmup 0 skips it.
-  const double warm_floor_s = cfg.cuda && cfg.warmup > 0 ? cfg.warmup_s : 0.0;
-  const auto seconds_since = [](clock::time_point t) {
-    return std::chrono::duration<double>(clock::now() - t).count();
-  };
-  int warm = 0;
-  double per_iter = 0.0;
-  clock::time_point loaded = t0;  // the end of the first iteration
-  const auto loaded_s = [&] { return warm == 0 ? 0.0 : seconds_since(loaded); };
-  while (warm < cfg.warmup || loaded_s() < warm_floor_s) {
-    if (warm >= 2 && loaded_s() > 0.5 * cfg.budget_s) break;
-    int batch = warm < 2 || per_iter <= 0 ? 1 : std::clamp(static_cast<int>(0.05 / per_iter), 1, 256);
-    if (loaded_s() >= warm_floor_s) batch = std::min(batch, cfg.warmup - warm);  // only the count is left
-    const auto start = clock::now();
-    for (int i = 0; i < batch; ++i) body();
-    warm += batch;
-    sync();
-    if (warm == 1) loaded = clock::now();
-    if (warm <= 2) per_iter = seconds_since(start);
-  }
+  // The warm-up (warmup.h says its rules and why); its floor of loaded seconds on CUDA only.
+  const WarmupResult warm = warm_up(cfg.warmup, cfg.cuda ? cfg.warmup_s : 0.0, cfg.budget_s, body, sync, [] {
+    return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+  });
+  const double per_iter = warm.per_iter_s;
   int iters = cfg.iters;
   if (per_iter > 0) {
     const int affordable = static_cast<int>(cfg.budget_s / per_iter);
