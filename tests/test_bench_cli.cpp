@@ -260,11 +260,12 @@ TEST(BenchCli, ProfileReportsEachImplementationsKernelsOnCuda) {
 }
 
 // --clocks on a GPU (skipped without one): each row's SM clock, power and power-cap share over its
-// timed iterations, in the table and the JSON, within what an NVIDIA data-centre GPU can report.
+// timed iterations, in the table and the JSON, within what an NVIDIA data-centre GPU can report;
+// each round's in round_clocks, the kept (fastest) round's the row's.
 TEST(BenchCli, ClocksAddTheSmClockAndPowerOfEachRowOnCuda) {
   const std::string json = temp_path("bench_clocks");
   const RunResult r = run_train("bench --device cuda --seq-lens 4096 --dim-head 64 --batch 4 --heads 8 --iters 200 "
-                                "--warmup 2 --warmup-s 0.2 --only-forwards --impls fused,tiled --clocks --json " + json);
+                                "--warmup 2 --warmup-s 0.2 --only-forwards --impls fused,tiled --rounds 2 --clocks --json " + json);
   if (r.output.find("no CUDA device is available") != std::string::npos) {
     std::remove(json.c_str());
     GTEST_SKIP() << "no GPU here";
@@ -278,6 +279,14 @@ TEST(BenchCli, ClocksAddTheSmClockAndPowerOfEachRowOnCuda) {
   for (const auto& rec : doc["results"]) {
     ASSERT_EQ(rec["status"], "ok") << rec.dump();
     ASSERT_TRUE(rec.contains("clock_samples")) << rec.dump();
+    ASSERT_TRUE(rec.contains("round_clocks")) << rec.dump();
+    const std::vector<double> round_ms = rec["round_ms"].get<std::vector<double>>();
+    ASSERT_EQ(round_ms.size(), 2u) << rec.dump();
+    ASSERT_EQ(rec["round_clocks"].size(), 2u) << rec.dump();
+    const size_t kept = round_ms[0] <= round_ms[1] ? 0 : 1;
+    EXPECT_EQ(rec["round_clocks"][kept]["clock_samples"], rec["clock_samples"]) << rec.dump();
+    EXPECT_EQ(rec["round_clocks"][kept]["sm_mhz"], rec["sm_mhz"]) << rec.dump();
+    EXPECT_EQ(rec["round_clocks"][kept]["watts"], rec["watts"]) << rec.dump();
     if (rec["clock_samples"].get<int>() == 0) {  // iterations shorter than one sampling period
       EXPECT_TRUE(rec["sm_mhz"].is_null()) << rec.dump();
       continue;

@@ -198,6 +198,7 @@ int run(const BenchConfig& cfg) {
             // keeps its fastest round. A failure or a skip is final.
             std::map<std::string, Measurement> skips;
             std::map<std::string, std::vector<double>> round_ms;  // each round's median, for the spread
+            std::map<std::string, std::vector<ClockStats>> round_clocks;  // --clocks: each round's
             std::map<std::string, std::string> profiles;           // --profile: the first round's report
             for (const auto& impl : impls) skips[impl.name] = predicted_skip(cfg, impl.name, n, last);
             for (int round = 0; round < cfg.rounds; ++round) {
@@ -212,7 +213,10 @@ int run(const BenchConfig& cfg) {
                   m = skips[impl.name];
                 } else {
                   m = measure(cfg, impl, pass, in, round == 0, clocks.get());
-                  if (m.status == "ok") round_ms[impl.name].push_back(m.ms);
+                  if (m.status == "ok") {
+                    round_ms[impl.name].push_back(m.ms);
+                    round_clocks[impl.name].push_back(m.clocks);
+                  }
                   if (!m.profile.empty()) profiles[impl.name] = m.profile;
                 }
                 if (done == row.by_impl.end() || m.status != "ok" || m.ms < done->second.ms) {
@@ -222,7 +226,10 @@ int run(const BenchConfig& cfg) {
             }
             for (const auto& impl : impls) {
               Measurement& m = row.by_impl[impl.name];
-              if (m.status == "ok") m.round_ms = round_ms[impl.name];
+              if (m.status == "ok") {
+                m.round_ms = round_ms[impl.name];
+                if (cfg.clocks) m.round_clocks = round_clocks[impl.name];
+              }
               m.profile = profiles[impl.name];
               if (input_failure.status == "ok" && skips[impl.name].status == "ok" &&
                   (m.status == "ok" || m.status == "oom"))

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace flashcos::app::bench {
@@ -25,6 +27,27 @@ struct ClockStats {
   double sm_mhz = 0, watts = 0, capped_share = 0;
 };
 ClockStats summarize_clocks(const std::vector<ClockSample>& samples);
+
+// For one row of a table: whether the implementations' kept rounds ran at different power states,
+// some below the power cap (fewer than half their samples capped) and some at it. Their ratio then
+// compares the kernels at unequal clocks (2026-11-29: cuDNN's kept round below the cap in 11 of 48
+// rows, ours never; docs/performance.md section 1). The note names both groups, "below the power cap
+// in the round kept: sdpa-cudnn (0% of samples capped, 127 W, 1980 MHz); at it: fused (100%, 688 W,
+// 1695 MHz)"; empty where they agree, or where fewer than two were sampled.
+inline std::string power_cap_note(const std::vector<std::pair<std::string, ClockStats>>& kept) {
+  std::string below, at;
+  for (const auto& [name, c] : kept) {
+    if (c.samples <= 0) continue;
+    const bool capped = c.capped_share >= 0.5;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "%s (%.0f%%%s, %.0f W, %.0f MHz)", name.c_str(), 100.0 * c.capped_share,
+                  !capped && below.empty() ? " of samples capped" : "", c.watts, c.sm_mhz);
+    std::string& group = capped ? at : below;
+    group += (group.empty() ? "" : ", ") + std::string(buf);
+  }
+  if (below.empty() || at.empty()) return "";
+  return "below the power cap in the round kept: " + below + "; at it: " + at;
+}
 
 // Samples one GPU every period_ms on a thread of its own between start() and stop().
 class ClockSampler {

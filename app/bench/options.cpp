@@ -197,8 +197,9 @@ cxxopts::Options make_options() {
                   "0: none", text("0"))
       ("clocks", "sample the GPU's SM clock, board power and power cap (NVML, every 10 ms) while each "
                  "implementation's timed iterations run, and print them in its row (MHz, W, the share of "
-                 "samples capped) and the JSON: at the power limit the clock sets part of every figure; "
-                 "CUDA only, needs the driver's libnvidia-ml.so.1")
+                 "samples capped) and the JSON (each round's too); a note names the rows whose kept "
+                 "rounds ran some below the power cap and some at it: at the power limit the clock sets "
+                 "part of every figure; CUDA only, needs the driver's libnvidia-ml.so.1")
       ("device", "cuda | cpu (default cuda when available)", text(""))
       ("seed", "seed of the random inputs", text("0"))
       ("json", "write every measurement to this JSON file", text(""))

@@ -142,7 +142,17 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
   std::printf("  %8s  %-15s %10s %9s %10s %9s%s%s\n", "seq_len", "impl", "ms", "TFLOP/s", "peak MiB",
               ("vs " + cfg.baseline).c_str(), spread ? "   spread" : "", cfg.clocks ? "   SM MHz      W  capped" : "");
   std::map<std::string, std::string> reasons;  // "impl: reason" -> first seq_len it appeared at
+  std::vector<std::string> power_notes;         // --clocks: rows whose kept rounds ran at different power states
   for (const auto& row : rows) {
+    if (cfg.clocks) {
+      std::vector<std::pair<std::string, ClockStats>> kept;
+      for (const auto& impl : impls) {
+        const Measurement& m = row.by_impl.at(impl.name);
+        if (m.status == "ok") kept.emplace_back(impl.name, m.clocks);
+      }
+      const std::string note = power_cap_note(kept);
+      if (!note.empty()) power_notes.push_back("  note (seq_len " + std::to_string(row.seq_len) + ") " + note + "\n");
+    }
     const auto base_it = row.by_impl.find(cfg.baseline);
     for (const auto& impl : impls) {
       const Measurement& m = row.by_impl.at(impl.name);
@@ -190,6 +200,7 @@ void print_full_table(const BenchConfig& cfg, const std::vector<Impl>& impls,
   for (const auto& [reason, seq] : reasons) {
     std::printf("  note (from seq_len %s) %s\n", seq.c_str(), reason.c_str());
   }
+  for (const auto& note : power_notes) std::printf("%s", note.c_str());
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -249,6 +260,15 @@ nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const Dty
       r["sm_mhz"] = any ? nlohmann::json(m.clocks.sm_mhz) : nlohmann::json(nullptr);
       r["watts"] = any ? nlohmann::json(m.clocks.watts) : nlohmann::json(nullptr);
       r["power_capped_share"] = any ? nlohmann::json(m.clocks.capped_share) : nlohmann::json(nullptr);
+      nlohmann::json rounds = nlohmann::json::array();  // each round's, as round_ms
+      for (const ClockStats& c : m.round_clocks) {
+        const bool sampled = c.samples > 0;
+        rounds.push_back({{"clock_samples", c.samples},
+                          {"sm_mhz", sampled ? nlohmann::json(c.sm_mhz) : nlohmann::json(nullptr)},
+                          {"watts", sampled ? nlohmann::json(c.watts) : nlohmann::json(nullptr)},
+                          {"power_capped_share", sampled ? nlohmann::json(c.capped_share) : nlohmann::json(nullptr)}});
+      }
+      r["round_clocks"] = rounds;
     }
     r["tflops"] = flops / (m.ms * 1e-3) / 1e12;
   } else {

@@ -26,6 +26,7 @@ struct Measurement {
   int64_t base_bytes = -1;  // allocated when the pass started (the inputs, mostly)
   std::string profile;      // with profile: model/profile.h's report of cfg.profile more iterations
   ClockStats clocks;        // with a ClockSampler: over the timed iterations (samples 0: not sampled)
+  std::vector<ClockStats> round_clocks;  // with --rounds and a sampler: each round's, as round_ms
 };
 
 // A CUDA error that left the context unusable (illegal address, device-side assert): every later
