@@ -265,7 +265,8 @@ TEST(BenchCli, ProfileReportsEachImplementationsKernelsOnCuda) {
 TEST(BenchCli, ClocksAddTheSmClockAndPowerOfEachRowOnCuda) {
   const std::string json = temp_path("bench_clocks");
   const RunResult r = run_train("bench --device cuda --seq-lens 4096 --dim-head 64 --batch 4 --heads 8 --iters 200 "
-                                "--warmup 2 --warmup-s 0.2 --only-forwards --impls fused,tiled --rounds 2 --clocks --json " + json);
+                                "--warmup 2 --warmup-s 0.2 --only-forwards --impls fused,tiled --rounds 2 --clocks "
+                                "--json " + json);
   if (r.output.find("no CUDA device is available") != std::string::npos) {
     std::remove(json.c_str());
     GTEST_SKIP() << "no GPU here";
@@ -275,6 +276,13 @@ TEST(BenchCli, ClocksAddTheSmClockAndPowerOfEachRowOnCuda) {
   const nlohmann::json doc = read_json(json);
   std::remove(json.c_str());
   EXPECT_EQ(doc["config"]["clocks"], true) << doc["config"].dump(2);
+  // Which power reading the rows carry: the board's instantaneous one where the driver gives it.
+  ASSERT_TRUE(doc["config"].contains("clock_power")) << doc["config"].dump(2);
+  const std::string power = doc["config"]["clock_power"].get<std::string>();
+  EXPECT_TRUE(power == "instantaneous" || power == "one-second average") << power;
+  const std::string header =
+      std::string("clocks: SM clock, power (") + (power == "instantaneous" ? "instantaneous" : "NVML's");
+  EXPECT_NE(r.output.find(header), std::string::npos) << r.output;
   ASSERT_EQ(doc["results"].size(), 2u) << doc.dump(2);
   for (const auto& rec : doc["results"]) {
     ASSERT_EQ(rec["status"], "ok") << rec.dump();

@@ -90,7 +90,10 @@ int run(const BenchConfig& cfg) {
               impl_list.c_str(), cfg.warmup,
               cfg.cuda && cfg.warmup > 0 && cfg.warmup_s > 0 ? strf(" and %gs", cfg.warmup_s).c_str() : "", cfg.iters,
               cfg.budget_s, cfg.rounds);
-  if (clocks) std::printf("clocks: SM clock, power and power cap sampled every 10 ms (NVML) over the timed iterations\n");
+  if (clocks) {
+    std::printf("clocks: SM clock, power (%s) and power cap sampled every 10 ms (NVML) over the timed iterations\n",
+                clocks->instant_power() ? "instantaneous" : "NVML's one-second average: no instantaneous reading here");
+  }
   if (cfg.attention == "fastmax") {
     std::printf(
         "fastmax: p %lld%s, temperature %g, chunk %lld; TFLOP/s counts the quadratic "
@@ -132,6 +135,7 @@ int run(const BenchConfig& cfg) {
                    {"kernel", cfg.kernel},
                    {"baseline", cfg.baseline},
                    {"clocks", cfg.clocks}};
+  if (clocks) doc["config"]["clock_power"] = clocks->instant_power() ? "instantaneous" : "one-second average";
   if (cfg.attention == "fastmax") {
     doc["config"]["fastmax"] = {{"p", cfg.fastmax.p()},
                                 {"normalize", cfg.fastmax.normalize()},

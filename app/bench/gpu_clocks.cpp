@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <chrono>
+#include <cstdint>
 #include <stdexcept>
 
 namespace flashcos::app::bench {
@@ -17,6 +18,30 @@ constexpr int kNvmlSuccess = 0;
 constexpr int kNvmlClockSm = 1;
 constexpr unsigned long long kSwPowerCap = 0x4ULL;
 
+// nvml.h's nvmlFieldValue_t, for nvmlDeviceGetFieldValues: the board's instantaneous power
+// (NVML_FI_DEV_POWER_INSTANT, 186, milliwatts). nvmlDeviceGetPowerUsage averages over the last
+// second on recent GPUs, longer than most rows' timed iterations.
+constexpr unsigned kFieldPowerInstant = 186;
+struct NvmlFieldValue {
+  uint32_t field_id = 0;
+  uint32_t scope_id = 0;
+  int64_t timestamp_us = 0;
+  int64_t latency_us = 0;
+  int value_type = 0;  // nvmlValueType_t: 0 double, 1 unsigned int, 2 unsigned long, 3 unsigned long
+                       // long, 4 signed long long, 5 signed int, 6 unsigned short
+  int nvml_return = 0;
+  union {
+    double d;
+    unsigned int ui;
+    unsigned long ul;
+    unsigned long long ull;
+    long long sll;
+    int si;
+    unsigned short us;
+  } value{};
+};
+static_assert(sizeof(NvmlFieldValue) == 40, "nvmlFieldValue_t is 40 bytes");
+
 struct Nvml {
   int (*init)() = nullptr;
   const char* (*error_string)(int) = nullptr;
@@ -24,6 +49,7 @@ struct Nvml {
   int (*clock_info)(NvmlDevice, int, unsigned*) = nullptr;
   int (*power_usage)(NvmlDevice, unsigned*) = nullptr;
   int (*event_reasons)(NvmlDevice, unsigned long long*) = nullptr;
+  int (*field_values)(NvmlDevice, int, NvmlFieldValue*) = nullptr;  // optional: the instantaneous power
   std::string failure;  // why NVML cannot be used, or empty
 
   std::string error(const char* call, int rc) const {
@@ -51,6 +77,7 @@ const Nvml& nvml() {
     void* reasons = sym("nvmlDeviceGetCurrentClocksEventReasons");
     if (reasons == nullptr) reasons = sym("nvmlDeviceGetCurrentClocksThrottleReasons");  // older drivers' name
     n.event_reasons = reinterpret_cast<int (*)(NvmlDevice, unsigned long long*)>(reasons);
+    n.field_values = reinterpret_cast<int (*)(NvmlDevice, int, NvmlFieldValue*)>(sym("nvmlDeviceGetFieldValues"));
     if (!n.init || !n.by_pci_bus_id || !n.clock_info || !n.power_usage || !n.event_reasons) {
       n.failure = "--clocks: this libnvidia-ml.so.1 lacks an entry point the bench needs (nvmlInit_v2, "
                   "nvmlDeviceGetHandleByPciBusId_v2, nvmlDeviceGetClockInfo, nvmlDeviceGetPowerUsage, "
@@ -62,6 +89,25 @@ const Nvml& nvml() {
     return n;
   }();
   return loaded;
+}
+
+// The board's instantaneous power in milliwatts, where this driver and GPU give it.
+bool instant_power_mw(const Nvml& n, NvmlDevice device, double* mw) {
+  if (n.field_values == nullptr) return false;
+  NvmlFieldValue f;
+  f.field_id = kFieldPowerInstant;
+  if (n.field_values(device, 1, &f) != kNvmlSuccess || f.nvml_return != kNvmlSuccess) return false;
+  switch (f.value_type) {
+    case 0: *mw = f.value.d; break;
+    case 1: *mw = f.value.ui; break;
+    case 2: *mw = static_cast<double>(f.value.ul); break;
+    case 3: *mw = static_cast<double>(f.value.ull); break;
+    case 4: *mw = static_cast<double>(f.value.sll); break;
+    case 5: *mw = f.value.si; break;
+    case 6: *mw = f.value.us; break;
+    default: return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -91,6 +137,8 @@ ClockSampler::ClockSampler(const std::string& pci_bus_id, int period_ms) : perio
     throw std::runtime_error(n.error("nvmlDeviceGetHandleByPciBusId_v2", rc) + " for the CUDA device at " + pci_bus_id);
   }
   device_ = device;
+  double mw = 0;
+  instant_power_ = instant_power_mw(n, device_, &mw);
 }
 
 ClockSampler::~ClockSampler() {
@@ -108,10 +156,14 @@ void ClockSampler::start() {
     const Nvml& n = nvml();
     auto next = std::chrono::steady_clock::now();
     while (running_) {
-      unsigned mhz = 0, mw = 0;
+      unsigned mhz = 0, average_mw = 0;
+      double mw = 0;
       unsigned long long reasons = 0;
+      const bool power = instant_power_ ? instant_power_mw(n, device_, &mw)
+                                        : n.power_usage(device_, &average_mw) == kNvmlSuccess;
+      if (!instant_power_) mw = average_mw;
       // A sample that NVML cannot give whole (a busy driver, a value not supported) is left out.
-      if (n.clock_info(device_, kNvmlClockSm, &mhz) == kNvmlSuccess && n.power_usage(device_, &mw) == kNvmlSuccess &&
+      if (power && n.clock_info(device_, kNvmlClockSm, &mhz) == kNvmlSuccess &&
           n.event_reasons(device_, &reasons) == kNvmlSuccess) {
         const std::lock_guard<std::mutex> lock(mutex_);
         samples_.push_back({static_cast<double>(mhz), mw / 1000.0, (reasons & kSwPowerCap) != 0});

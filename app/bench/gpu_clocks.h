@@ -61,10 +61,14 @@ class ClockSampler {
 
   void start();       // clears the samples and starts sampling (at once, then every period)
   ClockStats stop();  // stops and summarises what was sampled since start()
+  // Whether the power is the board's instantaneous reading (NVML_FI_DEV_POWER_INSTANT, where the
+  // driver gives it), else nvmlDeviceGetPowerUsage's, a one-second average on recent GPUs.
+  bool instant_power() const { return instant_power_; }
 
  private:
   void* device_ = nullptr;  // nvmlDevice_t
   int period_ms_;
+  bool instant_power_ = false;
   std::atomic<bool> running_{false};
   std::thread thread_;
   std::mutex mutex_;
