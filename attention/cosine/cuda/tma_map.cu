@@ -32,12 +32,16 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// Makes the current device's primary context current on this host thread, as the driver's encoder
-// needs one. A thread whose first CUDA work is ours has none: the runtime binds the context only in
-// its own calls that need it (the autograd engine's backward thread reached the encoder first and
-// got CUDA_ERROR_INVALID_CONTEXT, so its first backward ran the sm_80 kernels; compute-sanitizer,
-// 2026-11-29). cudaSetDevice binds it (CUDA 12 on); once per thread and device.
-cudaError_t bind_current_device_context() {
+// The encoder, ready to call on this host thread: cudaErrorInvalidValue where the driver lacks it,
+// the runtime's error where the current device's primary context cannot be made current. The
+// encoder needs a current context, and a thread whose first CUDA work is ours has none: the runtime
+// binds the context only in its own calls that need it (the autograd engine's backward thread
+// reached the encoder first and got CUDA_ERROR_INVALID_CONTEXT, so its first backward ran the sm_80
+// kernels; compute-sanitizer, 2026-11-29). cudaSetDevice binds it (CUDA 12 on); once per thread and
+// device.
+cudaError_t ready_encoder(EncodeTiled* fn) {
+  *fn = encode_tiled();
+  if (*fn == nullptr) return cudaErrorInvalidValue;
   thread_local int bound = -1;
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -101,9 +105,8 @@ cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int 
   const bool strides_ok = t.row_stride >= t.D && t.row_stride % 8 == 0 && t.h_stride > 0 && t.h_stride % 8 == 0 &&
                           t.b_stride > 0 && t.b_stride % 8 == 0;
   if (map == nullptr || !shape_ok || !strides_ok) return cudaErrorInvalidValue;
-  const EncodeTiled encode = encode_tiled();
-  if (encode == nullptr) return cudaErrorInvalidValue;
-  if (const cudaError_t bound = bind_current_device_context(); bound != cudaSuccess) return bound;
+  EncodeTiled encode = nullptr;
+  if (const cudaError_t ready = ready_encoder(&encode); ready != cudaSuccess) return ready;
   const cuuint64_t dims[4] = {cuuint64_t(t.D), cuuint64_t(t.rows), cuuint64_t(t.H), cuuint64_t(t.B)};
   const cuuint64_t strides[3] = {cuuint64_t(t.row_stride) * 2, cuuint64_t(t.h_stride) * 2, cuuint64_t(t.b_stride) * 2};
   const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
@@ -120,9 +123,8 @@ cudaError_t make_f32_sw128_map(CUtensorMap* map, void* base, int64_t B, int64_t 
   const bool ok = map != nullptr && base != nullptr && reinterpret_cast<uintptr_t>(base) % 16 == 0 && B >= 1 &&
                   H >= 1 && rows >= 1 && D >= 4 && D % 4 == 0 && box_rows >= 1 && box_rows <= 256;
   if (!ok) return cudaErrorInvalidValue;
-  const EncodeTiled encode = encode_tiled();
-  if (encode == nullptr) return cudaErrorInvalidValue;
-  if (const cudaError_t bound = bind_current_device_context(); bound != cudaSuccess) return bound;
+  EncodeTiled encode = nullptr;
+  if (const cudaError_t ready = ready_encoder(&encode); ready != cudaSuccess) return ready;
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(rows), cuuint64_t(H), cuuint64_t(B)};
   const cuuint64_t strides[3] = {cuuint64_t(D) * 4, cuuint64_t(rows * D) * 4, cuuint64_t(H * rows * D) * 4};
   const cuuint32_t box[4] = {32, cuuint32_t(box_rows), 1, 1};

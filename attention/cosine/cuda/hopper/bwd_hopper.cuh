@@ -134,13 +134,16 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     const Sw128TileTensor dout{p.dout, kDType, p.B, p.H, p.I, p.D, p.do_b_stride, p.do_h_stride, p.do_i_stride};
     const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, p.D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
     const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, p.D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
-    if (make_sw128_tile_map(&maps.q, q, BM) != cudaSuccess ||
-        make_sw128_tile_map(&maps.dout, dout, BM) != cudaSuccess ||
-        make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
-        make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess ||
-        (kTmaDq && make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, p.D, Tile::kDqRows) != cudaSuccess)) {
-      return cudaErrorNotSupported;
+    cudaError_t mapped = make_sw128_tile_map(&maps.q, q, BM);
+    if (mapped == cudaSuccess) mapped = make_sw128_tile_map(&maps.dout, dout, BM);
+    if (mapped == cudaSuccess) mapped = make_sw128_tile_map(&maps.k, k, Tile::kBN);
+    if (mapped == cudaSuccess) mapped = make_sw128_tile_map(&maps.v, v, Tile::kBN);
+    if (mapped == cudaSuccess && kTmaDq) {
+      mapped = make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, p.D, Tile::kDqRows);
     }
+    // cudaErrorInvalidValue: the TMA unit cannot address these inputs (the sm_80 kernels run); any
+    // other error is the runtime's, not a reason to fall back.
+    if (mapped != cudaSuccess) return mapped == cudaErrorInvalidValue ? cudaErrorNotSupported : mapped;
     const int64_t key_blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN;
     const int64_t blocks = key_blocks * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;

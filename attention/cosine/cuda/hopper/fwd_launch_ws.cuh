@@ -70,11 +70,12 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   const Sw128TileTensor q{p.q, kDType, p.B, p.H, p.I, p.D, p.q_b_stride, p.q_h_stride, p.q_i_stride};
   const Sw128TileTensor k{p.k, kDType, p.B, p.Hkv, p.J, p.D, p.k_b_stride, p.k_h_stride, p.k_j_stride};
   const Sw128TileTensor v{p.v, kDType, p.B, p.Hkv, p.J, p.D, p.v_b_stride, p.v_h_stride, p.v_j_stride};
-  if (make_sw128_tile_map(&maps.q, q, Tile::kBM) != cudaSuccess ||
-      make_sw128_tile_map(&maps.k, k, Tile::kBN) != cudaSuccess ||
-      make_sw128_tile_map(&maps.v, v, Tile::kBN) != cudaSuccess) {
-    return cudaErrorNotSupported;
-  }
+  cudaError_t mapped = make_sw128_tile_map(&maps.q, q, Tile::kBM);
+  if (mapped == cudaSuccess) mapped = make_sw128_tile_map(&maps.k, k, Tile::kBN);
+  if (mapped == cudaSuccess) mapped = make_sw128_tile_map(&maps.v, v, Tile::kBN);
+  // cudaErrorInvalidValue: the TMA unit cannot address these inputs (the sm_80 kernels run); any
+  // other error is the runtime's, not a reason to fall back.
+  if (mapped != cudaSuccess) return mapped == cudaErrorInvalidValue ? cudaErrorNotSupported : mapped;
   // With a bias (H, I, J) the batches of one (row block, head) run side by side, with a (B, I, J)
   // one the heads: the bias rows they read are the same (4 bytes a logit, the biased forward's bound).
   // Without a bias a 1-D grid of tiles (hopper::fwd_tile_work): a CTA for each, or one CTA an SM.
