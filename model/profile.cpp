@@ -103,9 +103,8 @@ std::string profile_report(const std::vector<KernelRecord>& kernels, int64_t ste
   uint64_t covered_ns = 0;
   for (const auto& [s, e] : merged(all)) covered_ns += e - s;
   const uint64_t span_ns = last_ns > first_ns ? last_ns - first_ns : 0;
-  std::string out = strf("profile over %lld %ss: kernel time %.3f ms/%s (summed: overlapping kernels each count) in a "
-                         "%.3f ms/%s span, no kernel running %.3f "
-                         "ms/%s (%zu kernel names)\n",
+  std::string out = strf("profile over %lld %ss: kernel time %.3f ms/%s (summed: overlapping kernels each count) "
+                         "in a %.3f ms/%s span, no kernel running %.3f ms/%s (%zu kernel names)\n",
                          static_cast<long long>(steps), u, total_ns / per_step, u, span_ns / per_step, u,
                          (span_ns - std::min(span_ns, covered_ns)) / per_step, u, rows.size());
   // Everyone's intervals but those of one name.

@@ -223,26 +223,39 @@ TEST(BenchCli, BadOptionsExitNonZeroNamingTheOption) {
   expect_rejected("--clocks", "--clocks");      // nor a GPU clock to sample
 }
 
-// --profile on a GPU (skipped without one): below each table, each implementation's kernels over the
-// profiled iterations, the GPU's busy time against the span, and the same report in the JSON.
-TEST(BenchCli, ProfileReportsEachImplementationsKernelsOnCuda) {
-  const std::string json = temp_path("bench_profile");
-  const RunResult r = run_train("bench --device cuda --seq-lens 200,1000 --dim-head 64 --batch 1 --heads 2 --iters 3 "
-                                "--warmup 1 --warmup-s 0 --only-backwards --impls fused,tiled --rounds 2 --profile 2 "
-                                "--json " + json);
-  if (r.output.find("no CUDA device is available") != std::string::npos) {
-    std::remove(json.c_str());
-    GTEST_SKIP() << "no GPU here";
-  }
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const nlohmann::json doc = read_json(json);
+// A bench run on the GPU with --json: its output, exit code and JSON (read and removed); gpu false
+// (nothing else set) where this machine has no CUDA device, for the caller to skip.
+struct CudaRun {
+  bool gpu = false;
+  RunResult r;
+  nlohmann::json doc;
+};
+CudaRun run_bench_on_cuda(const std::string& args, const std::string& json_name) {
+  CudaRun run;
+  const std::string json = temp_path(json_name);
+  run.r = run_train("bench --device cuda " + args + " --json " + json);
+  run.gpu = run.r.output.find("no CUDA device is available") == std::string::npos;
+  if (run.gpu && run.r.exit_code == 0) run.doc = read_json(json);
   std::remove(json.c_str());
+  return run;
+}
+
+// --profile on a GPU (skipped without one): below each table, each implementation's kernels over the
+// profiled iterations, their summed time against the span, and the same report in the JSON.
+TEST(BenchCli, ProfileReportsEachImplementationsKernelsOnCuda) {
+  const CudaRun run = run_bench_on_cuda("--seq-lens 200,1000 --dim-head 64 --batch 1 --heads 2 --iters 3 --warmup 1 "
+                                        "--warmup-s 0 --only-backwards --impls fused,tiled --rounds 2 --profile 2",
+                                        "bench_profile");
+  if (!run.gpu) GTEST_SKIP() << "no GPU here";
+  const RunResult& r = run.r;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json& doc = run.doc;
   for (const char* impl : {"fused", "tiled"}) {
     for (const char* n : {"200", "1000"}) {
       const std::string title = std::string("backward, ") + impl + ", seq_len " + n + ": where 2 more iterations went";
       const size_t at = r.output.find(title);
       ASSERT_NE(at, std::string::npos) << title << "\n" << r.output;
-      // Its report: busy time and span per iteration, then the kernel table.
+      // Its report: the kernels' summed time and the span per iteration, then the kernel table.
       const size_t busy = r.output.find("profile over 2 iterations: kernel time ", at);
       ASSERT_NE(busy, std::string::npos) << r.output;
       EXPECT_LT(busy - at, title.size() + 20) << "the report should follow its title:\n" << r.output;
@@ -263,18 +276,14 @@ TEST(BenchCli, ProfileReportsEachImplementationsKernelsOnCuda) {
 // timed iterations, in the table and the JSON, within what an NVIDIA data-centre GPU can report;
 // each round's in round_clocks, the kept (fastest) round's the row's.
 TEST(BenchCli, ClocksAddTheSmClockAndPowerOfEachRowOnCuda) {
-  const std::string json = temp_path("bench_clocks");
-  const RunResult r = run_train("bench --device cuda --seq-lens 4096 --dim-head 64 --batch 4 --heads 8 --iters 200 "
-                                "--warmup 2 --warmup-s 0.2 --only-forwards --impls fused,tiled --rounds 2 --clocks "
-                                "--json " + json);
-  if (r.output.find("no CUDA device is available") != std::string::npos) {
-    std::remove(json.c_str());
-    GTEST_SKIP() << "no GPU here";
-  }
+  const CudaRun run = run_bench_on_cuda("--seq-lens 4096 --dim-head 64 --batch 4 --heads 8 --iters 200 --warmup 2 "
+                                        "--warmup-s 0.2 --only-forwards --impls fused,tiled --rounds 2 --clocks",
+                                        "bench_clocks");
+  if (!run.gpu) GTEST_SKIP() << "no GPU here";
+  const RunResult& r = run.r;
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("SM MHz      W  capped"), std::string::npos) << r.output;
-  const nlohmann::json doc = read_json(json);
-  std::remove(json.c_str());
+  const nlohmann::json& doc = run.doc;
   EXPECT_EQ(doc["config"]["clocks"], true) << doc["config"].dump(2);
   // Which power reading the rows carry: the board's instantaneous one where the driver gives it.
   ASSERT_TRUE(doc["config"].contains("clock_power")) << doc["config"].dump(2);

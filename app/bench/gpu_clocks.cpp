@@ -110,6 +110,15 @@ bool instant_power_mw(const Nvml& n, NvmlDevice device, double* mw) {
   return true;
 }
 
+// The power in milliwatts: the instantaneous reading, or nvmlDeviceGetPowerUsage's average.
+bool power_mw(const Nvml& n, NvmlDevice device, bool instant, double* mw) {
+  if (instant) return instant_power_mw(n, device, mw);
+  unsigned average = 0;
+  if (n.power_usage(device, &average) != kNvmlSuccess) return false;
+  *mw = average;
+  return true;
+}
+
 }  // namespace
 
 ClockStats summarize_clocks(const std::vector<ClockSample>& samples) {
@@ -156,14 +165,11 @@ void ClockSampler::start() {
     const Nvml& n = nvml();
     auto next = std::chrono::steady_clock::now();
     while (running_) {
-      unsigned mhz = 0, average_mw = 0;
+      unsigned mhz = 0;
       double mw = 0;
       unsigned long long reasons = 0;
-      const bool power = instant_power_ ? instant_power_mw(n, device_, &mw)
-                                        : n.power_usage(device_, &average_mw) == kNvmlSuccess;
-      if (!instant_power_) mw = average_mw;
       // A sample that NVML cannot give whole (a busy driver, a value not supported) is left out.
-      if (power && n.clock_info(device_, kNvmlClockSm, &mhz) == kNvmlSuccess &&
+      if (power_mw(n, device_, instant_power_, &mw) && n.clock_info(device_, kNvmlClockSm, &mhz) == kNvmlSuccess &&
           n.event_reasons(device_, &reasons) == kNvmlSuccess) {
         const std::lock_guard<std::mutex> lock(mutex_);
         samples_.push_back({static_cast<double>(mhz), mw / 1000.0, (reasons & kSwPowerCap) != 0});

@@ -192,8 +192,8 @@ cxxopts::Options make_options() {
                  "one is slow", text("2"))
       ("profile", "after timing each implementation (its first round), run this many more iterations "
                   "under libtorch's profiler and print, below each table, the GPU kernels they ran: ms "
-                  "per iteration by kernel and alone (while no other kernel ran), the GPU's busy time, "
-                  "the span and the time in it when no kernel ran; CUDA only, the timings unaffected; "
+                  "per iteration by kernel and alone (while no other kernel ran), the kernels' summed "
+                  "time, the span and the time in it when no kernel ran; CUDA only, the timings unaffected; "
                   "0: none", text("0"))
       ("clocks", "sample the GPU's SM clock, board power and power cap (NVML, every 10 ms) while each "
                  "implementation's timed iterations run, and print them in its row (MHz, W, the share of "

@@ -24,6 +24,16 @@ namespace {
 // --clocks' three columns where there is nothing to show.
 constexpr const char* kNoClocks = "        -      -       -";
 
+// A sampled stretch in the JSON: its sample count, and its clock, power and capped share (null where
+// nothing was sampled).
+nlohmann::json clock_json(const ClockStats& c) {
+  const auto sampled = [&](double x) { return c.samples > 0 ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  return {{"clock_samples", c.samples},
+          {"sm_mhz", sampled(c.sm_mhz)},
+          {"watts", sampled(c.watts)},
+          {"power_capped_share", sampled(c.capped_share)}};
+}
+
 std::string fmt_ms(const Measurement& m) {
   if (m.status != "ok") return m.status;
   char buf[32];
@@ -254,21 +264,10 @@ nlohmann::json record(const BenchConfig& cfg, const std::string& impl, const Dty
     r["iters"] = m.iters;
     r["round_ms"] = m.round_ms;
     if (!m.profile.empty()) r["profile"] = m.profile;
-    if (cfg.clocks) {  // over the timed iterations of the round kept; null where nothing was sampled
-      const bool any = m.clocks.samples > 0;
-      r["clock_samples"] = m.clocks.samples;
-      r["sm_mhz"] = any ? nlohmann::json(m.clocks.sm_mhz) : nlohmann::json(nullptr);
-      r["watts"] = any ? nlohmann::json(m.clocks.watts) : nlohmann::json(nullptr);
-      r["power_capped_share"] = any ? nlohmann::json(m.clocks.capped_share) : nlohmann::json(nullptr);
-      nlohmann::json rounds = nlohmann::json::array();  // each round's, as round_ms
-      for (const ClockStats& c : m.round_clocks) {
-        const bool sampled = c.samples > 0;
-        rounds.push_back({{"clock_samples", c.samples},
-                          {"sm_mhz", sampled ? nlohmann::json(c.sm_mhz) : nlohmann::json(nullptr)},
-                          {"watts", sampled ? nlohmann::json(c.watts) : nlohmann::json(nullptr)},
-                          {"power_capped_share", sampled ? nlohmann::json(c.capped_share) : nlohmann::json(nullptr)}});
-      }
-      r["round_clocks"] = rounds;
+    if (cfg.clocks) {  // the round kept's, beside the record's other fields, then each round's
+      r.update(clock_json(m.clocks));
+      r["round_clocks"] = nlohmann::json::array();
+      for (const ClockStats& c : m.round_clocks) r["round_clocks"].push_back(clock_json(c));
     }
     r["tflops"] = flops / (m.ms * 1e-3) / 1e12;
   } else {
