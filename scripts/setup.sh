@@ -63,9 +63,11 @@ elif curl -sfI --max-time 15 "$LIBTORCH_URL" >/dev/null 2>&1; then
   torch_prefix="$ROOT/third_party/libtorch"
 else
   say "download.pytorch.org unreachable: installing the torch==${TORCH_VERSION} wheel into .venv (libtorch only)"
-  # The CUDA wheel and its nvidia-* wheels take about 5 GiB installed; pip unpacks each wheel
-  # beside that. Stop before a long download that cannot fit rather than in the middle of it.
+  # The CUDA wheel and its nvidia-* wheels take about 5 GiB installed, and pip unpacks each wheel
+  # beside that (the CPU wheel: under 1 GiB). Stop before a long download that cannot fit rather
+  # than in the middle of it.
   need_kib=$((7 * 1024 * 1024))
+  [ ${#WHEEL_INDEX[@]} -gt 0 ] && need_kib=$((1024 * 1024))
   free_kib=$(df -Pk . | awk 'NR==2 {print $4}')
   tmp_kib=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR==2 {print $4}')
   [ "$tmp_kib" -lt "$free_kib" ] && free_kib=$tmp_kib
