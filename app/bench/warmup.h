@@ -20,7 +20,8 @@
 // iteration was waited for: a slow first iteration (the GPU idle) could eat the second, and the
 // timing begin cooler, at higher clocks. bench --clocks (2026-11-29, an H200 at its 700 W limit)
 // found cuDNN's kept round at 120-422 W and up to 1,980 MHz in 11 of 48 rows of a matrix, ours at
-// 682-698 W in all (docs/performance.md, section 1).
+// 682-698 W in all. With this loop, in two matrices (runs AV2 / AV3) every round kept of ours and of
+// cuDNN ran at the power cap in every sample (docs/performance.md, section 1).
 #pragma once
 
 #include <algorithm>
