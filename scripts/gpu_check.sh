@@ -117,8 +117,13 @@ if has build; then
 fi
 TRAIN="$BUILD/train"
 if [ "${PREBUILT:-0}" = 1 ]; then
-  so=$(ls "$BUILD"/attention/libflashcos_attention.so.*.*.* | head -1)
-  ln -sf "$(basename "$so")" "$BUILD/attention/libflashcos_attention.so.0"
+  # A carried build has the versioned library (then .so.0 is made its link) or the .so.0 file itself.
+  so=$(ls "$BUILD"/attention/libflashcos_attention.so.*.*.* 2>/dev/null | head -1)
+  if [ -n "$so" ]; then
+    ln -sf "$(basename "$so")" "$BUILD/attention/libflashcos_attention.so.0"
+  elif [ ! -e "$BUILD/attention/libflashcos_attention.so.0" ]; then
+    echo "PREBUILT=1: no $BUILD/attention/libflashcos_attention.so.0 (or a versioned one) to load" >&2; pack; exit 1
+  fi
   torch_lib=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
   export LD_LIBRARY_PATH="$PWD/$BUILD/attention:$torch_lib:/usr/local/cuda/lib64${PREBUILT_LIBS:+:$PWD/$PREBUILT_LIBS}:${LD_LIBRARY_PATH:-}"
   row "prebuilt" "$(ldd "$TRAIN" | grep -c 'not found') libraries not found"
