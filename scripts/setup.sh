@@ -64,24 +64,27 @@ elif curl -sfI --max-time 15 "$LIBTORCH_URL" >/dev/null 2>&1; then
 else
   say "download.pytorch.org unreachable: installing the torch==${TORCH_VERSION} wheel into .venv (libtorch only)"
   # The CUDA wheel and its nvidia-* wheels take about 5 GiB installed, and pip unpacks each wheel
-  # beside that (the CPU wheel: under 1 GiB). Stop before a long download that cannot fit rather
-  # than in the middle of it.
-  need_kib=$((7 * 1024 * 1024))
-  [ ${#WHEEL_INDEX[@]} -gt 0 ] && need_kib=$((1024 * 1024))
-  free_kib=$(df -Pk . | awk 'NR==2 {print $4}')
-  tmp_kib=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR==2 {print $4}')
-  [ "$tmp_kib" -lt "$free_kib" ] && free_kib=$tmp_kib
-  if [ "$free_kib" -lt "$need_kib" ]; then
-    say "not enough free disk for the torch wheel: $((free_kib / 1024)) MiB free in $ROOT or ${TMPDIR:-/tmp}, about $((need_kib / 1024)) MiB needed"
-    say "free some space, or point LIBTORCH / CMAKE_PREFIX_PATH at an existing libtorch 2.11"
-    exit 1
-  fi
-  python3 -m venv .venv
+  # beside that (the CPU wheel: under 1 GiB). Each install first checks the space it needs, so that
+  # it stops before a long download that cannot fit rather than in the middle of it.
+  need_disk() {  # KiB the next wheel needs in the checkout and in the temporary folder
+    local free_kib tmp_kib
+    free_kib=$(df -Pk . | awk 'NR==2 {print $4}')
+    tmp_kib=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR==2 {print $4}')
+    [ "$tmp_kib" -lt "$free_kib" ] && free_kib=$tmp_kib
+    if [ "$free_kib" -lt "$1" ]; then
+      say "not enough free disk for the torch wheel: $((free_kib / 1024)) MiB free in $ROOT or ${TMPDIR:-/tmp}, about $(($1 / 1024)) MiB needed"
+      say "free some space, or point LIBTORCH / CMAKE_PREFIX_PATH at an existing libtorch 2.11"
+      exit 1
+    fi
+  }
   pip_install=(.venv/bin/pip install -q --disable-pip-version-check --no-cache-dir)
-  if [ ${#WHEEL_INDEX[@]} -gt 0 ] && "${pip_install[@]}" "${WHEEL_INDEX[@]}" "torch==${TORCH_VERSION}"; then
+  if [ ${#WHEEL_INDEX[@]} -gt 0 ] && need_disk $((1024 * 1024)) && python3 -m venv .venv &&
+      "${pip_install[@]}" "${WHEEL_INDEX[@]}" "torch==${TORCH_VERSION}"; then
     say "installed the CPU wheel (no nvcc here)"
   else
     [ ${#WHEEL_INDEX[@]} -gt 0 ] && say "no CPU wheel reachable: the PyPI wheel is a CUDA build, and configuring against it needs nvcc"
+    need_disk $((7 * 1024 * 1024))
+    [ -x .venv/bin/pip ] || python3 -m venv .venv
     "${pip_install[@]}" "torch==${TORCH_VERSION}"
   fi
   torch_prefix=$(.venv/bin/python -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
