@@ -141,9 +141,7 @@ cudaError_t launch_bwd_hopper_ws(const BwdParams& p, cudaStream_t stream) {
     if (mapped == cudaSuccess && kTmaDq) {
       mapped = make_f32_sw128_map(&maps.dq, p.dq_accum, p.B, p.H, p.I, p.D, Tile::kDqRows);
     }
-    // cudaErrorInvalidValue: the TMA unit cannot address these inputs (the sm_80 kernels run); any
-    // other error is the runtime's, not a reason to fall back.
-    if (mapped != cudaSuccess) return mapped == cudaErrorInvalidValue ? cudaErrorNotSupported : mapped;
+    if (mapped != cudaSuccess) return tma_maps_launch_status(mapped);
     const int64_t key_blocks = (int64_t(p.J) + Tile::kBN - 1) / Tile::kBN;
     const int64_t blocks = key_blocks * p.Hkv * p.B;
     if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidConfiguration;

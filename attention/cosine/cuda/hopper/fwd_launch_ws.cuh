@@ -73,9 +73,7 @@ cudaError_t launch_fwd_hopper_ws(const FwdParams& p, cudaStream_t stream) {
   cudaError_t mapped = make_sw128_tile_map(&maps.q, q, Tile::kBM);
   if (mapped == cudaSuccess) mapped = make_sw128_tile_map(&maps.k, k, Tile::kBN);
   if (mapped == cudaSuccess) mapped = make_sw128_tile_map(&maps.v, v, Tile::kBN);
-  // cudaErrorInvalidValue: the TMA unit cannot address these inputs (the sm_80 kernels run); any
-  // other error is the runtime's, not a reason to fall back.
-  if (mapped != cudaSuccess) return mapped == cudaErrorInvalidValue ? cudaErrorNotSupported : mapped;
+  if (mapped != cudaSuccess) return tma_maps_launch_status(mapped);
   // With a bias (H, I, J) the batches of one (row block, head) run side by side, with a (B, I, J)
   // one the heads: the bias rows they read are the same (4 bytes a logit, the biased forward's bound).
   // Without a bias a 1-D grid of tiles (hopper::fwd_tile_work): a CTA for each, or one CTA an SM.

@@ -40,6 +40,13 @@ cudaError_t make_sw128_tile_map(CUtensorMap* map, const Sw128TileTensor& t, int 
 cudaError_t make_f32_sw128_map(CUtensorMap* map, void* base, int64_t B, int64_t H, int64_t rows, int64_t D,
                                int box_rows);
 
+// What a Hopper launcher returns when making its maps failed: cudaErrorNotSupported (the sm_80
+// kernels run instead) where the TMA unit cannot address the inputs (cudaErrorInvalidValue), the
+// runtime's own error otherwise (not a reason to fall back). cudaSuccess stays cudaSuccess.
+inline cudaError_t tma_maps_launch_status(cudaError_t mapped) {
+  return mapped == cudaErrorInvalidValue ? cudaErrorNotSupported : mapped;
+}
+
 // Loads the (64 rows x D) tile of head (b, h) starting at row0 twice, by TMA and by
 // load_tile_sw128's cp.async, into shared memory and counts the bytes that differ (written to
 // *mismatches, a host pointer), and the nonzero bytes of the TMA tile's rows past `rows`
