@@ -203,7 +203,7 @@ quality_run() {  # name, args...
       --checkpoint-dir "$CK" --run "q-$name" "$@" > "$LOG/quality_$name.log" 2>&1
   local rc=$?
   "$TRAIN" eval --checkpoint "$CK/q-$name" --which val --max-windows 64 > "$LOG/quality_${name}_eval.log" 2>&1
-  row "quality $name val bpc /100 steps" "rc $rc: $(val_bpcs "$LOG/quality_$name.log")"
+  row "quality $name val bpc, each eval" "rc $rc: $(val_bpcs "$LOG/quality_$name.log")"
   row "  $name eval 64 val windows" "$(grep -oE '[0-9.]+ bits/char' "$LOG/quality_${name}_eval.log") $(grep -E 'step [0-9]+/' "$LOG/quality_$name.log" | tail -1 | grep -oE '[0-9.]+k tok/s') $(grad_norms "$LOG/quality_$name.log")"
 }
 if has quality; then
@@ -284,7 +284,7 @@ if has quality-seeds; then
     while read -r seed d; do row "  seed $seed: B again - B" "$d"; done < <(sort -n "$spread")
     row "quality-seeds B again - B: mean (s.e.)" "$(mean_se "$spread")"
   fi
-  row "  (columns)" "steps 100, 200, ... then the 64-window eval; A: ${env_a:-default} B: ${env_b:-default}${QUALITY_ORDER:+; order: $QUALITY_ORDER}"
+  row "  (columns)" "each validation step (--validate-every: 100 unless QUALITY_SEED_ARGS says), then the 64-window eval; A: ${env_a:-default} B: ${env_b:-default}${QUALITY_ORDER:+; order: $QUALITY_ORDER}"
 fi
 
 # Sampling speed from the newest quality checkpoint: wall time of `sample --length` 2048 and 16384
