@@ -252,7 +252,9 @@ if has quality-seeds; then
   steps_bpc() { grep -oE 'step [0-9]+ validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/quality_$1.log" | awk '{print $2, $7}'; }
   largest_d() {
     paste -d " " <(steps_bpc "$1") <(steps_bpc "$2") | awk -v e="${QUALITY_BAND_EVERY:-100}" \
-      'NF == 4 && $1 == $3 && $1 % e == 0 { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.4f", m }'
+      'NF != 4 || $1 != $3 { bad = 1; next }  # one run has fewer validations: it stopped early
+       $1 % e == 0 { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d; ++n }
+       END { if (n && !bad) printf "%.4f", m; else printf "incomplete" }'
   }
   seeds_worker() {  # seeds...: each seed's runs, its differences appended to the files as "seed d..."
     local seed order prog penv
@@ -290,7 +292,7 @@ if has quality-seeds; then
   }
   within_band() {  # file of "seed largest|d|": how many seeds stay within QUALITY_BAND (default 0.02)
     sort -n "$1" | awk -v b="${QUALITY_BAND:-0.02}" -v e="${QUALITY_BAND_EVERY:-100}" '
-      { n++; if ($2 + 0 <= b + 1e-9) k++; list = list sprintf(" %s:%s", $1, $2) }
+      { n++; if ($2 ~ /^[0-9.]+$/ && $2 + 0 <= b + 1e-9) k++; list = list sprintf(" %s:%s", $1, $2) }
       END { printf "%d of %d seeds within +-%s at every %s steps (seed:largest |d|%s)", k, n, b, e, list }'
   }
   while read -r seed d; do row "  seed $seed: A - B" "$d"; done < <(sort -n "$diffs")
