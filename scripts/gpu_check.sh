@@ -96,10 +96,12 @@ fused_col() {  # log, col
 grad_norms() {  # log
   grep -oE 'grad norm [0-9.]+' "$1" | awk '{ s += $3; if ($3 > m) m = $3; ++n } END { if (n) printf "grad norm mean %.3f max %.3f", s / n, m }'
 }
-# The validation bits/char of every eval in a training log, on one line.
-val_bpcs() {  # log
-  grep -oE 'validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$1" | awk '{print $5}' | tr '\n' ' '
+# Each validation of a training log as "step bpc", one a line.
+val_step_bpcs() {  # log
+  grep -oE 'step [0-9]+ validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$1" | awk '{print $2, $7}'
 }
+# The validation bits/char of every eval in a training log, on one line.
+val_bpcs() { val_step_bpcs "$1" | awk '{print $2}' | tr '\n' ' '; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOG/gpu.txt" 2>&1
 row "gpu" "$(head -1 "$LOG/gpu.txt")"
@@ -241,17 +243,15 @@ fi
 # (default 0.02, issue 16 point 4) at every validation at a multiple of QUALITY_BAND_EVERY (default 100) steps.
 if has quality-seeds; then
   diffs="$LOG/quality_seeds_diffs.txt" spread="$LOG/quality_seeds_spread.txt"
-  largest="$LOG/quality_seeds_largest.txt" largest_spread="$LOG/quality_seeds_largest_spread.txt"
-  : > "$diffs"; : > "$spread"; : > "$largest"; : > "$largest_spread"
+  : > "$diffs"; : > "$spread"
   env_a=${QUALITY_A_ENV:-} env_b=${QUALITY_B_ENV-FLASHCOS_FUSED_OPS=0}
-  bpcs() {  # name: the validation bpc /100 steps, then the 64-window eval, one a line
+  bpcs() {  # name: the bpc of each validation, then the 64-window eval, one a line
     { val_bpcs "$LOG/quality_$1.log"; grep -oE '[0-9.]+ bits/char' "$LOG/quality_$1_eval.log"; } | grep -oE '[0-9]+\.[0-9]+'
   }
   minus() { paste -d ' ' <(bpcs "$1") <(bpcs "$2") | awk 'NF == 2 {printf "%+.4f ", $1 - $2}'; }
   # Largest |A - B| over the validations at multiples of QUALITY_BAND_EVERY (default 100) steps.
-  steps_bpc() { grep -oE 'step [0-9]+ validation: loss [0-9.]+ nats, [0-9.]+ bpc' "$LOG/quality_$1.log" | awk '{print $2, $7}'; }
-  largest_d() {
-    paste -d " " <(steps_bpc "$1") <(steps_bpc "$2") | awk -v e="${QUALITY_BAND_EVERY:-100}" \
+  largest_d() {  # name A, name B
+    paste -d " " <(val_step_bpcs "$LOG/quality_$1.log") <(val_step_bpcs "$LOG/quality_$2.log") | awk -v e="${QUALITY_BAND_EVERY:-100}" \
       'NF != 4 || $1 != $3 { bad = 1; next }  # one run has fewer validations: it stopped early
        $1 % e == 0 { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d; ++n }
        END { if (n && !bad) printf "%.4f", m; else printf "incomplete" }'
@@ -266,11 +266,9 @@ if has quality-seeds; then
         QENV="$penv" quality_run "$prog-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
       done
       echo "$seed $(minus "A-s$seed" "B-s$seed")" >> "$diffs"
-      echo "$seed $(largest_d "A-s$seed" "B-s$seed")" >> "$largest"
       if [ "${QUALITY_SPREAD:-0}" = 1 ]; then
         QENV="$env_b" quality_run "B2-s$seed" --seed "$seed" ${QUALITY_SEED_ARGS:-}
         echo "$seed $(minus "B2-s$seed" "B-s$seed")" >> "$spread"
-        echo "$seed $(largest_d "B2-s$seed" "B-s$seed")" >> "$largest_spread"
       fi
     done
   }
@@ -290,18 +288,19 @@ if has quality-seeds; then
       END { for (i = 2; i <= m; ++i) { mu = s[i] / n; v = n > 1 ? (q[i] - n * mu * mu) / (n - 1) : 0; if (v < 0) v = 0;
             printf "%+.4f (%.4f) ", mu, sqrt(v / n) } }' "$1"
   }
-  within_band() {  # file of "seed largest|d|": how many seeds stay within QUALITY_BAND (default 0.02)
-    sort -n "$1" | awk -v b="${QUALITY_BAND:-0.02}" -v e="${QUALITY_BAND_EVERY:-100}" '
+  within_band() {  # run A, run B, their file of "seed d...": how many seeds keep |A - B| within QUALITY_BAND
+    while read -r seed _; do echo "$seed $(largest_d "$1-s$seed" "$2-s$seed")"; done < <(sort -n "$3") |
+      awk -v b="${QUALITY_BAND:-0.02}" -v e="${QUALITY_BAND_EVERY:-100}" '
       { n++; if ($2 ~ /^[0-9.]+$/ && $2 + 0 <= b + 1e-9) k++; list = list sprintf(" %s:%s", $1, $2) }
       END { printf "%d of %d seeds within +-%s at every %s steps (seed:largest |d|%s)", k, n, b, e, list }'
   }
   while read -r seed d; do row "  seed $seed: A - B" "$d"; done < <(sort -n "$diffs")
   row "quality-seeds A - B: mean (s.e.)" "$(mean_se "$diffs")"
-  row "quality-seeds A - B: band" "$(within_band "$largest")"
+  row "quality-seeds A - B: band" "$(within_band A B "$diffs")"
   if [ -s "$spread" ]; then
     while read -r seed d; do row "  seed $seed: B again - B" "$d"; done < <(sort -n "$spread")
     row "quality-seeds B again - B: mean (s.e.)" "$(mean_se "$spread")"
-    row "quality-seeds B again - B: band" "$(within_band "$largest_spread")"
+    row "quality-seeds B again - B: band" "$(within_band B2 B "$spread")"
   fi
   row "  (columns)" "each validation step (--validate-every: 100 unless QUALITY_SEED_ARGS says), then the 64-window eval; A: ${env_a:-default} B: ${env_b:-default}${QUALITY_ORDER:+; order: $QUALITY_ORDER}"
 fi
