@@ -16,6 +16,7 @@
 #include "model/checkpoint_weights.h"
 #include "model/gpt.h"
 #include "tests/model_test_util.h"
+#include "tests/shell_util.h"
 
 namespace fs = std::filesystem;
 using flashcos::model::GPT;
@@ -28,12 +29,12 @@ class CheckpointWeights : public ::testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("flashcos_weights_" + std::to_string(::getpid()) + "_" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::system(("rm -rf '" + dir_.string() + "'").c_str());
+    test_shell::remove_tree(dir_.string());
     fs::create_directories(dir_);
   }
   void TearDown() override {
     unsetenv("FLASHCOS_CHECKPOINT_FULL_READ");
-    std::system(("rm -rf '" + dir_.string() + "'").c_str());
+    test_shell::remove_tree(dir_.string());
   }
   std::string str(const std::string& name) const { return (dir_ / name).string(); }
   // A trained-one-step model and its checkpoint (with Adam's state when with_optimizer).

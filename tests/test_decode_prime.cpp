@@ -102,7 +102,9 @@ TEST(DecodePrime, SameBytesAsPrefillAndUncached) {
           const std::string what = std::string(pos) + " " + att + " prime " + std::to_string(n) + " thres " +
                                    std::to_string(thres);
           EXPECT_TRUE(at::equal(a, b)) << what;
-          if (n + so.length <= 24) EXPECT_TRUE(at::equal(a, c)) << what;  // within one context
+          if (n + so.length <= 24) {  // within one context
+            EXPECT_TRUE(at::equal(a, c)) << what;
+          }
         }
       }
     }

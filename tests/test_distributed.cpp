@@ -35,6 +35,7 @@ using flashcos::model::detect_dist_env;
 namespace {
 
 using train_test::free_port;
+using train_test::remove_tree;
 using train_test::RunResult;
 using train_test::run_shell;
 
@@ -44,7 +45,7 @@ class DistributedTrain : public ::testing::Test {
     if (!gloo_available()) GTEST_SKIP() << "this build has no Gloo backend (install libgloo-dev, re-run cmake)";
     dir_ = fs::temp_directory_path() / ("flashcos_dist_" + std::to_string(getpid()) + "_" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::system(("rm -rf '" + dir_.string() + "'").c_str());  // not fs::remove_all: see train_process_util.h
+    remove_tree(dir_.string());  // not fs::remove_all: tests/shell_util.h says why
     fs::create_directories(dir_);
     // A small corpus of random words (not random bytes: the loss should move).
     std::mt19937 gen(7);
@@ -53,7 +54,7 @@ class DistributedTrain : public ::testing::Test {
     for (int i = 0; i < 20000; ++i) out << words[gen() % 10];
   }
   void TearDown() override {
-    if (!dir_.empty()) std::system(("rm -rf '" + dir_.string() + "'").c_str());
+    if (!dir_.empty()) remove_tree(dir_.string());
   }
 
   static bool gloo_available() { return flashcos::model::gloo_backend_built(); }

@@ -19,6 +19,7 @@
 #include "model/checkpoint.h"
 #include "model/fused/switch.h"
 #include "model/gpt.h"
+#include "tests/shell_util.h"
 
 namespace fs = std::filesystem;
 using flashcos::model::GPT;
@@ -64,9 +65,9 @@ class TempDir {
     remove_tree();
     fs::create_directories(path_);
   }
-  // Not fs::remove_all: libtorch.so exports its own copy, which crashed on one toolchain.
+  // Not fs::remove_all: tests/shell_util.h says why.
   ~TempDir() { remove_tree(); }
-  void remove_tree() const { std::system(("rm -rf '" + path_.string() + "'").c_str()); }
+  void remove_tree() const { test_shell::remove_tree(path_.string()); }
   std::string str(const std::string& name = "") const { return (path_ / name).string(); }
 
  private:

@@ -88,8 +88,11 @@ TEST(ClipGradNorm, LeavesGradientsBelowTheBoundAsTheyAre) {
   const auto grads_before = grads_copy(params);
   const at::Tensor n = flashcos::model::clip_grad_norm(params, 1.0);
   EXPECT_NEAR(n.item<double>(), before, 1e-6 * before);
-  for (size_t i = 0; i < params.size(); ++i)
-    if (grads_before[i].defined()) EXPECT_TRUE(at::equal(params[i].grad(), grads_before[i])) << "parameter " << i;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (grads_before[i].defined()) {
+      EXPECT_TRUE(at::equal(params[i].grad(), grads_before[i])) << "parameter " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ TEST(ResumeCli, OverridesArePrintedAndModelShapeChangesRefused) {
   const std::string resume = "--resume " + quote(t.run_dir("r") + "/latest.pt");
 
   // A model-shape option that differs: exit 2, naming the option and both values.
-  for (const std::string& bad : {"--dim 32", "--depth 2", "--heads 4 --dim-head 4", "--attention softmax"}) {
+  for (const std::string bad : {"--dim 32", "--depth 2", "--heads 4 --dim-head 4", "--attention softmax"}) {
     RunResult r = run_train(resume + " --steps 3 " + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
     EXPECT_NE(r.output.find(bad.substr(0, bad.find(' '))), std::string::npos) << r.output;

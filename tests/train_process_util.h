@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/shell_util.h"
+
 namespace train_test {
 namespace fs = std::filesystem;
 
@@ -34,12 +36,8 @@ struct RunResult {
   std::string output;  // stdout and stderr together
 };
 
-// Single-quotes `s` for the shell (an embedded ' becomes '\'').
-inline std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (const char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
+using test_shell::quote;
+using test_shell::remove_tree;
 
 // Runs a shell command, stdout and stderr together, and waits.
 inline RunResult run_shell(const std::string& cmd) {
@@ -75,9 +73,7 @@ class TempRun {
     std::ofstream out(corpus());
     for (int i = 0; i < 12000; ++i) out << words[rng() % 10];
   }
-  // Not fs::remove_all: libtorch.so exports its own copy, which jumps to a null pointer when a test
-  // built with gcc 13 (the GPU machine) resolves to it (cuda-gdb backtrace, 2026-11-25).
-  ~TempRun() { std::system(("rm -rf " + quote(dir_)).c_str()); }
+  ~TempRun() { remove_tree(dir_); }  // not fs::remove_all: tests/shell_util.h says why
   std::string dir() const { return dir_; }
   std::string corpus() const { return dir_ + "/corpus.txt"; }
   std::string ckpts() const { return dir_ + "/ckpts"; }
