@@ -4,11 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -18,25 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/train_process_util.h"
+
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult run_train(const std::string& args) {
-  const std::string cmd = std::string("\"") + FLASHCOS_TRAIN_BIN + "\" " + args + " 2>&1";
-  RunResult result;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return result;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using train_test::RunResult;
+using train_test::run_train;
 
 std::string temp_path(const std::string& name) {
   const char* dir = std::getenv("TMPDIR");
