@@ -5,11 +5,71 @@
 #include <cxxopts.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace flashcos::app {
+
+namespace cli_detail {
+// A help entry's long names: one string in cxxopts 3.0, a list in 3.1 and later.
+inline bool has_long_name(const std::string& names, const std::string& name) { return names == name; }
+inline bool has_long_name(const std::vector<std::string>& names, const std::string& name) {
+  for (const auto& n : names) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+// What option `name` takes, read from its default: "an integer", "a number", or "" when unknown.
+inline std::string value_kind(const cxxopts::Options& options, const std::string& name) {
+  for (const auto& group : options.groups()) {
+    for (const auto& o : options.group_help(group).options) {
+      if (!has_long_name(o.l, name) || !o.has_default || o.default_value.empty()) continue;
+      const std::string& d = o.default_value;
+      char* end = nullptr;
+      std::strtoll(d.c_str(), &end, 10);
+      if (*end == '\0') return "an integer";
+      std::strtod(d.c_str(), &end);
+      if (*end == '\0') return "a number";
+      return "";
+    }
+  }
+  return "";
+}
+}  // namespace cli_detail
+
+// cxxopts reports a value that does not parse as "Argument 'abc' failed to parse". This names the
+// option it was given to (--name abc or --name=abc in argv) and, where its default says, what the
+// option takes (a number-taking option first, when the same text was given to several); "" when
+// no argument of argv matches the message.
+inline std::string describe_bad_value(const cxxopts::Options& options, int argc, char** argv, const std::string& what) {
+  std::string first;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], name;
+    std::string value;
+    if (arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos) {
+      name = arg.substr(2, arg.find('=') - 2);
+      value = arg.substr(arg.find('=') + 1);
+    } else if (i > 1 && argv[i - 1][0] == '-' && argv[i - 1][1] == '-') {
+      name = std::string(argv[i - 1]).substr(2);
+      value = arg;
+    } else {
+      continue;
+    }
+    // The message quotes the value with ' or with the typographic quotes, whichever cxxopts uses.
+    if (what.find("\xe2\x80\x98" + value + "\xe2\x80\x99") == std::string::npos &&
+        what.find("'" + value + "'") == std::string::npos) {
+      continue;
+    }
+    const std::string kind = cli_detail::value_kind(options, name);
+    if (!kind.empty()) return "--" + name + " '" + value + "': expected " + kind;
+    if (first.empty()) first = "--" + name + " '" + value + "': not a value this option takes";
+  }
+  return first;
+}
 
 // Parses argv; on --help prints the help and returns 0 through `exit_code`. Returns false when
 // the caller should return exit_code.
@@ -17,6 +77,12 @@ inline bool parse_or_exit(cxxopts::Options& options, int argc, char** argv, cxxo
                           int& exit_code) {
   try {
     result = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+    const std::string named = describe_bad_value(options, argc, argv, e.what());
+    std::fprintf(stderr, "error: %s\n(see '%s --help')\n", named.empty() ? e.what() : named.c_str(),
+                 options.program().c_str());
+    exit_code = 2;
+    return false;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n(see '%s --help')\n", e.what(), options.program().c_str());
     exit_code = 2;

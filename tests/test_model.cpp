@@ -400,6 +400,12 @@ TEST(TrainCli, BadInputGetsAClearError) {
       {"sample --checkpoint " + dir.str("none.pt"), 1, "does not exist"},
       {"eval --checkpoint " + dir.str("none.pt"), 1, "does not exist"},
       {"frobnicate", 2, "unknown subcommand"},
+      // A value that does not parse names its option and what the option takes.
+      {"--batch abc", 2, "--batch 'abc': expected an integer"},
+      {"--lr=fast", 2, "--lr 'fast': expected a number"},
+      {"--run abc --seq-len abc", 2, "--seq-len 'abc': expected an integer"},
+      {"sample --checkpoint x.pt --length 2k", 2, "--length '2k': expected an integer"},
+      {"eval --checkpoint x.pt --max-windows many", 2, "--max-windows 'many'"},
   };
   for (const auto& c : cases) {
     auto r = run_cmd(train_bin() + " " + c.args);
