@@ -4,6 +4,7 @@
 
 #include <cxxopts.hpp>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -64,7 +65,13 @@ inline std::string describe_bad_value(const cxxopts::Options& options, int argc,
         what.find("'" + value + "'") == std::string::npos) {
       continue;
     }
-    const std::string kind = cli_detail::value_kind(options, name);
+    std::string kind = cli_detail::value_kind(options, name);
+    if (kind == "an integer") {  // an integer that still failed: negative for an unsigned option, or too large
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(value.c_str(), &end, 10);
+      if (!value.empty() && *end == '\0') kind = errno == 0 && v < 0 ? "an integer >= 0" : "an integer in this option's range";
+    }
     if (!kind.empty()) return "--" + name + " '" + value + "': expected " + kind;
     if (first.empty()) first = "--" + name + " '" + value + "': not a value this option takes";
   }

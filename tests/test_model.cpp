@@ -406,6 +406,8 @@ TEST(TrainCli, BadInputGetsAClearError) {
       {"--run abc --seq-len abc", 2, "--seq-len 'abc': expected an integer"},
       {"sample --checkpoint x.pt --length 2k", 2, "--length '2k': expected an integer"},
       {"eval --checkpoint x.pt --max-windows many", 2, "--max-windows 'many'"},
+      {"sample --checkpoint x.pt --seed -1", 2, "--seed '-1': expected an integer >= 0"},
+      {"--batch 99999999999999999999", 2, "--batch '99999999999999999999': expected an integer in this option's range"},
   };
   for (const auto& c : cases) {
     auto r = run_cmd(train_bin() + " " + c.args);
