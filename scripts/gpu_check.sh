@@ -48,7 +48,7 @@
 # quality-seeds: two programs (QUALITY_A_ENV, QUALITY_B_ENV) over QUALITY_SEEDS with the quality recipe, paired by seed,
 # and the mean (standard error) of their differences (the block below says more).
 # quality: 500-step runs at seq 8192 (QUALITY_RUNS of default, unfused, unfused2, det, det2, unfused-det, seed, cosine, learned, fp16,
-# bf16, or name=--flag,value,... for the default recipe plus those flags) with a 64-window validation eval each (each run's metrics.jsonl is packed with the logs as quality_<name>_metrics.jsonl); sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint (2048-raw: from the corpus unpacked, as data/enwik8 is).
+# bf16, or name=--flag,value,... for the default recipe plus those flags; a value cannot hold a comma) with a 64-window validation eval each (each run's metrics.jsonl is packed with the logs as quality_<name>_metrics.jsonl); sample: sample --length 2048 / 16384 wall time from the newest quality checkpoint (2048-raw: from the corpus unpacked, as data/enwik8 is).
 # TRAIN_RUNS: names of throughput runs (sdpa-8192 fused-8192 plain-2048 sdpa-2048 rope-8192 learned-8192
 # unfused-8192 fused-1024 ddp1-8192; nograph-8192 / nograph-1024: fused with --cuda-graph off).
 # tests: TESTS_FILTER (a gtest filter for the one-process run), TESTS_CTEST=0 skips the ./train-process
