@@ -4,31 +4,23 @@
 
 #include <cxxopts.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
-#include <vector>
 
 namespace flashcos::app {
 
 namespace cli_detail {
-// A help entry's long names: one string in cxxopts 3.0, a list in 3.1 and later.
-inline bool has_long_name(const std::string& names, const std::string& name) { return names == name; }
-inline bool has_long_name(const std::vector<std::string>& names, const std::string& name) {
-  for (const auto& n : names) {
-    if (n == name) return true;
-  }
-  return false;
-}
-
 // What option `name` takes, read from its default: "an integer", "a number", or "" when unknown.
 inline std::string value_kind(const cxxopts::Options& options, const std::string& name) {
   for (const auto& group : options.groups()) {
     for (const auto& o : options.group_help(group).options) {
-      if (!has_long_name(o.l, name) || !o.has_default || o.default_value.empty()) continue;
+      // o.l: the option's long names (a list since cxxopts 3.1, which the exceptions namespace needs too).
+      if (std::find(o.l.begin(), o.l.end(), name) == o.l.end() || !o.has_default || o.default_value.empty()) continue;
       const std::string& d = o.default_value;
       char* end = nullptr;
       std::strtoll(d.c_str(), &end, 10);
@@ -54,7 +46,7 @@ inline std::string describe_bad_value(const cxxopts::Options& options, int argc,
     if (arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos) {
       name = arg.substr(2, arg.find('=') - 2);
       value = arg.substr(arg.find('=') + 1);
-    } else if (i > 1 && argv[i - 1][0] == '-' && argv[i - 1][1] == '-') {
+    } else if (argv[i - 1][0] == '-' && argv[i - 1][1] == '-') {
       name = std::string(argv[i - 1]).substr(2);
       value = arg;
     } else {
